@@ -1,0 +1,175 @@
+"""Resource allocation between generation and training (StreamRL §4).
+
+* ``fixed`` keeps the cluster as written.
+* ``balanced`` (StreamRL Alg. 1) enumerates (generation GPUs, training GPUs) splits of one
+  datacenter's pool and keeps the one minimising ``max(T_gen, T_train)``. When generation
+  and training sit in different datacenters (or on different hardware) GPUs cannot move
+  between the stages, so the faster stage is shrunk until the two stage times match.
+* ``elastic`` starts as ``fixed`` and, after each iteration, adds generation instances
+  when ``Δ = T_gen − T_train`` exceeds ``Δ′``, the time one more node of instances would save.
+
+Stage times come from :class:`StageModel`: generation drains a batch whose lengths follow
+the workload's distribution (batch shrinking as sequences finish, priced step by step with
+the cost model's decode time), training prices the batch's tokens with the cost model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from policies.protocols import CostModel, Device
+from policies.registry import Registry
+from policies.spec import ClusterSection, GenerationPool, RunSpec
+
+
+@dataclass(slots=True)
+class StageModel:
+    """Per-iteration stage times of a batch, from a cost model and sampled lengths."""
+
+    cost: CostModel
+    batch_size: int
+    prompt_tokens: float
+    output_tokens: Sequence[int]  # a sample of output lengths (any size)
+
+    def generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
+        """Time for ``num_gpus`` of ``pool`` to generate one batch split evenly."""
+        instances = (num_gpus or pool.num_gpus) // pool.tp
+        if instances <= 0:
+            return math.inf
+        per_instance = math.ceil(self.batch_size / instances)
+        batch = min(per_instance, pool.max_num_seqs)
+        waves = math.ceil(per_instance / batch)
+        return waves * self._drain_s(Device(pool.hardware, pool.tp), batch)
+
+    def _drain_s(self, device: Device, batch: int) -> float:
+        """Generate ``batch`` sequences admitted together: the batch shrinks as they finish."""
+        qs = np.quantile(np.asarray(self.output_tokens, float), (np.arange(batch) + 0.5) / batch)
+        lengths = np.sort(np.maximum(1, np.round(qs)).astype(int))
+        total, done = 0.0, 0
+        for j, length in enumerate(lengths):
+            steps = int(length) - done
+            if steps > 0:
+                running = batch - j
+                context = int(running * (self.prompt_tokens + (done + length) / 2))
+                total += steps * self.cost.decode_step_s(device, running, context)
+                done = int(length)
+        return total
+
+    def training_s(self, hardware: str, num_gpus: int) -> float:
+        tokens = self.batch_size * (self.prompt_tokens + float(np.mean(self.output_tokens)))
+        return self.cost.train_s(Device(hardware, num_gpus), int(tokens))
+
+
+class AllocationPolicy(Protocol):
+    def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection: ...
+
+
+ALLOCATION: Registry[AllocationPolicy] = Registry("allocation")
+
+
+@ALLOCATION.register("fixed")
+class FixedAllocation:
+    def __init__(self, **_: object) -> None:
+        pass
+
+    def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
+        return cluster
+
+
+def _single_pool(cluster: ClusterSection) -> GenerationPool:
+    if len(cluster.generation) != 1:
+        raise ValueError("allocation 'balanced' supports one generation pool")
+    return cluster.generation[0]
+
+
+@ALLOCATION.register("balanced")
+class BalancedAllocation:
+    def __init__(self, **_: object) -> None:
+        pass
+
+    def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
+        pool = _single_pool(cluster)
+        same_place = (
+            pool.datacenter == cluster.trainer.datacenter
+            and pool.hardware == cluster.trainer.hardware
+        )
+        if same_place:
+            gen, train = self._best_split(pool, cluster, model)
+        else:
+            gen, train = self._shrink_faster(pool, cluster, model)
+        return cluster.model_copy(
+            update={
+                "generation": [pool.model_copy(update={"num_gpus": gen})],
+                "trainer": cluster.trainer.model_copy(update={"num_gpus": train}),
+            }
+        )
+
+    @staticmethod
+    def _best_split(
+        pool: GenerationPool, cluster: ClusterSection, model: StageModel
+    ) -> tuple[int, int]:
+        total = pool.num_gpus + cluster.trainer.num_gpus
+        best = (pool.num_gpus, cluster.trainer.num_gpus)
+        best_time = math.inf
+        for gen in range(pool.tp, total, pool.tp):
+            t = max(model.generation_s(pool, gen), model.training_s(pool.hardware, total - gen))
+            if t < best_time:
+                best, best_time = (gen, total - gen), t
+        return best
+
+    @staticmethod
+    def _shrink_faster(
+        pool: GenerationPool, cluster: ClusterSection, model: StageModel
+    ) -> tuple[int, int]:
+        gen, train = pool.num_gpus, cluster.trainer.num_gpus
+        t_gen = model.generation_s(pool, gen)
+        t_train = model.training_s(cluster.trainer.hardware, train)
+        if t_gen < t_train:
+            while gen - pool.tp >= pool.tp and model.generation_s(pool, gen - pool.tp) <= t_train:
+                gen -= pool.tp
+        else:
+            trainer_hw = cluster.trainer.hardware
+            while train > 1 and model.training_s(trainer_hw, train - 1) <= t_gen:
+                train -= 1
+        return gen, train
+
+
+@ALLOCATION.register("elastic")
+class ElasticAllocation:
+    """Fixed at the start; :meth:`instances_to_add` is the controller's scaling rule."""
+
+    def __init__(
+        self, max_extra_instances: int = 4, instances_per_step: int = 1, **_: object
+    ) -> None:
+        self.max_extra_instances = max_extra_instances
+        self.instances_per_step = instances_per_step
+        self.added = 0
+
+    def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
+        return cluster
+
+    def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
+        k = min(self.instances_per_step, self.max_extra_instances - self.added)
+        if k <= 0:
+            return 0
+        delta = gen_time_s - train_time_s
+        delta_prime = gen_time_s * k / (num_instances + k)  # generation time k more would save
+        if delta <= delta_prime:
+            return 0
+        self.added += k
+        return k
+
+
+def build_allocation(spec: RunSpec) -> AllocationPolicy:
+    name = spec.policies.allocation
+    tp = spec.cluster.generation[0].tp
+    return ALLOCATION.create(
+        name,
+        max_extra_instances=spec.policies.elastic.max_extra_instances,
+        instances_per_step=max(1, spec.policies.elastic.gpus_per_step // tp),
+    )

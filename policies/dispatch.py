@@ -1,0 +1,215 @@
+"""Dispatch: which generation instance serves each request.
+
+``skewness-aware`` implements StreamRL's Algorithm 2: sort requests by predicted
+length, mark the top ``long_tail_fraction`` as long-tail, split the N instances into
+N_long + N_regular by enumerating every split with the instance-latency model
+``PTL(BS) × L × ceil(M / BS)`` (long-tail L = P90 of predicted lengths, regular
+L = P50), minimising the sum (as printed in the paper) or the max (makespan) of the two
+groups' latencies. Inside each group a request goes to the instance with the least
+predicted work assigned, so long-tail instances end up running small batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from policies.protocols import CostModel, Device
+from policies.records import InstanceView, Request
+from policies.registry import Registry
+
+
+class DispatchPolicy(Protocol):
+    def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
+        """The instance id for each request, in order."""
+        ...
+
+
+DISPATCH: Registry[DispatchPolicy] = Registry("dispatch")
+
+
+def _require(instances: Sequence[InstanceView]) -> None:
+    if not instances:
+        raise ValueError("dispatch needs at least one generation instance")
+
+
+@DISPATCH.register("random")
+class RandomDispatch:
+    def __init__(self, rng: np.random.Generator | None = None, **_: object) -> None:
+        self._rng = rng if rng is not None else np.random.default_rng(0)
+
+    def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
+        _require(instances)
+        picks = self._rng.integers(0, len(instances), size=len(requests))
+        return [instances[int(i)].instance_id for i in picks]
+
+
+@DISPATCH.register("round-robin")
+class RoundRobinDispatch:
+    def __init__(self, **_: object) -> None:
+        self._cursor = 0
+
+    def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
+        _require(instances)
+        out = []
+        for _ in requests:
+            out.append(instances[self._cursor % len(instances)].instance_id)
+            self._cursor += 1
+        return out
+
+
+class _Loads:
+    """Predicted work per instance while a batch is being assigned."""
+
+    def __init__(self, instances: Sequence[InstanceView]) -> None:
+        self.tokens = {v.instance_id: v.assigned_tokens for v in instances}
+        self.count = {v.instance_id: v.num_assigned for v in instances}
+
+    def lightest(self, ids: Sequence[int]) -> int:
+        return min(ids, key=lambda i: (self.tokens[i], self.count[i], i))
+
+    def add(self, instance_id: int, request: Request) -> None:
+        self.tokens[instance_id] += request.predicted_tokens or 0.0
+        self.count[instance_id] += 1
+
+
+@DISPATCH.register("least-loaded")
+class LeastLoadedDispatch:
+    """Least predicted tokens outstanding (least requests when nothing is predicted)."""
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
+        _require(instances)
+        loads = _Loads(instances)
+        ids = [v.instance_id for v in instances]
+        out = []
+        for r in requests:
+            target = loads.lightest(ids)
+            loads.add(target, r)
+            out.append(target)
+        return out
+
+
+def instance_latency_s(
+    cost: CostModel,
+    view: InstanceView,
+    num_requests: int,
+    length_tokens: float,
+    prompt_tokens: float,
+) -> float:
+    """StreamRL's instance latency PTL(BS) × L × ceil(M / BS) for M requests on one instance."""
+    if num_requests <= 0:
+        return 0.0
+    batch = min(num_requests, view.max_num_seqs)
+    context = int(batch * (prompt_tokens + length_tokens / 2))
+    ptl = cost.decode_step_s(Device(view.hardware, view.tp), batch, context)
+    return ptl * length_tokens * math.ceil(num_requests / batch)
+
+
+@DISPATCH.register("skewness-aware")
+class SkewnessAwareDispatch:
+    def __init__(
+        self,
+        cost_model: CostModel | None = None,
+        objective: str = "sum",
+        long_tail_fraction: float = 0.2,
+        history: int = 4096,
+        **_: object,
+    ) -> None:
+        if cost_model is None:
+            raise ValueError("skewness-aware dispatch needs a cost model")
+        if objective not in ("sum", "max"):
+            raise ValueError(f"dispatch_objective must be 'sum' or 'max', not {objective!r}")
+        self._cost = cost_model
+        self._objective = objective
+        self._fraction = long_tail_fraction
+        self._history: deque[float] = deque(maxlen=history)
+        self._refresh_every = max(1, history // 64)
+        self._since_refresh = 0
+        self._quantiles = (0.0, 0.0, 0.0)  # p50, p90 and the long-tail threshold
+        self.last_num_long: int | None = None  # the split chosen by the last call
+
+    def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
+        _require(instances)
+        preds = [r.predicted_tokens or 0.0 for r in requests]
+        self._observe(preds)
+        is_long = self._mark_long_tail(preds)
+        p50, p90, _ = self._quantiles
+        prompt = float(np.mean([r.prompt_tokens for r in requests])) if requests else 0.0
+        if self.last_num_long is None or self._since_refresh == 0:
+            self.last_num_long = self._split(instances, requests, is_long, p50, p90, prompt)
+        num_long = min(self.last_num_long, len(instances) - 1) if len(instances) > 1 else 0
+        ordered = sorted(instances, key=lambda v: v.instance_id)
+        long_ids = [v.instance_id for v in ordered[:num_long]] or [v.instance_id for v in ordered]
+        regular_ids = [v.instance_id for v in ordered[num_long:]] or long_ids
+        return self._place(requests, instances, is_long, long_ids, regular_ids)
+
+    def _observe(self, preds: list[float]) -> None:
+        """Track recent predictions; refresh quantiles (and the split) every so often."""
+        self._history.extend(preds)
+        self._since_refresh += len(preds)
+        big_batch = len(preds) * self._fraction >= 5
+        if big_batch or self._since_refresh >= self._refresh_every or self.last_num_long is None:
+            qs = np.quantile(np.asarray(self._history), [0.5, 0.9, 1 - self._fraction])
+            self._quantiles = (float(qs[0]), float(qs[1]), float(qs[2]))
+            self._since_refresh = 0
+
+    def _mark_long_tail(self, preds: list[float]) -> list[bool]:
+        n = len(preds)
+        if n * self._fraction >= 5:  # a whole batch: the top fraction by rank
+            k = max(1, round(self._fraction * n))
+            top = set(sorted(range(n), key=lambda i: -preds[i])[:k])
+            return [i in top for i in range(n)]
+        threshold = self._quantiles[2]
+        return [p > 0 and p >= threshold for p in preds]
+
+    def _split(
+        self,
+        instances: Sequence[InstanceView],
+        requests: Sequence[Request],
+        is_long: list[bool],
+        p50: float,
+        p90: float,
+        prompt: float,
+    ) -> int:
+        n = len(instances)
+        outstanding = sum(v.num_assigned for v in instances)
+        total = len(requests) + outstanding
+        m_long = max(sum(is_long), round(self._fraction * total))
+        m_regular = total - m_long
+        if n < 2 or m_long == 0 or m_regular == 0:
+            return 0
+        view = instances[0]
+        best, best_cost = 1, math.inf
+        for n_long in range(1, n):
+            lat_long = instance_latency_s(self._cost, view, math.ceil(m_long / n_long), p90, prompt)
+            lat_reg = instance_latency_s(
+                self._cost, view, math.ceil(m_regular / (n - n_long)), p50, prompt
+            )
+            cost = lat_long + lat_reg if self._objective == "sum" else max(lat_long, lat_reg)
+            if cost < best_cost:
+                best, best_cost = n_long, cost
+        return best
+
+    @staticmethod
+    def _place(
+        requests: Sequence[Request],
+        instances: Sequence[InstanceView],
+        is_long: list[bool],
+        long_ids: list[int],
+        regular_ids: list[int],
+    ) -> list[int]:
+        loads = _Loads(instances)
+        out = [0] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: -(requests[i].predicted_tokens or 0.0))
+        for i in order:
+            target = loads.lightest(long_ids if is_long[i] else regular_ids)
+            loads.add(target, requests[i])
+            out[i] = target
+        return out

@@ -1,0 +1,125 @@
+"""Events a pipeline controller receives and commands it answers with.
+
+Executors (the simulator's SimPy processes, the runtime's asyncio tasks) feed events
+with their time stamps and carry out the commands; the controller does no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from policies.records import Completion, InflightHandling, InstanceView, Request, StepStats
+
+
+class Phase(StrEnum):
+    GENERATE = "generate"
+    TRAIN = "train"
+
+
+# -- events -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SampleFinished:
+    time_s: float
+    completion: Completion
+
+
+@dataclass(frozen=True, slots=True)
+class RequestsAborted:
+    """Running requests dropped by an ``abort-resubmit`` weight update, to dispatch again."""
+
+    time_s: float
+    instance_id: int
+    requests: tuple[Request, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainStepDone:
+    time_s: float
+    stats: StepStats
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsLoaded:
+    time_s: float
+    instance_id: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSwitched:
+    time_s: float
+    to: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceAdded:
+    time_s: float
+    view: InstanceView
+
+
+Event = (
+    Start
+    | SampleFinished
+    | RequestsAborted
+    | TrainStepDone
+    | WeightsLoaded
+    | ContextSwitched
+    | InstanceAdded
+)
+
+# -- commands -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    instance_id: int
+    requests: tuple[Request, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSamples:
+    """Forward and backward over these completions, accumulated into optimizer step ``step``."""
+
+    step: int
+    completions: tuple[Completion, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerStep:
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class PushWeights:
+    """Send weights ``version`` to every generation instance and load them as ``inflight`` says."""
+
+    version: int
+    inflight: InflightHandling
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchContext:
+    """Colocated only: offload one stage's state and onload the other's."""
+
+    to: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleOut:
+    num_instances: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    pass
+
+
+Command = Dispatch | TrainSamples | OptimizerStep | PushWeights | SwitchContext | ScaleOut | Finish

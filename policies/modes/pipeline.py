@@ -1,0 +1,144 @@
+"""``pipeline`` mode (PipelineRL): generation never stops for training.
+
+Instances keep up to ``max_num_seqs`` sequences running; the trainer takes an
+optimizer step every ``batch_size`` finished samples and pushes the new weights at
+once, loaded in flight (``keep``: pause, load, resume with KV cache kept;
+``abort-resubmit``; ``drain``). ``max_lag`` bounds staleness exactly through the
+:class:`~policies.modes.lag.LagBudget`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from policies.modes.base import Controller
+from policies.modes.events import (
+    Command,
+    Finish,
+    InstanceAdded,
+    PushWeights,
+    RequestsAborted,
+    SampleFinished,
+    Start,
+    TrainStepDone,
+    WeightsLoaded,
+)
+from policies.modes.lag import LagBudget
+from policies.records import Completion, Request
+
+
+class PipelineController(Controller):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.budget = LagBudget(self.config.batch_size, self.config.max_lag)
+        self._pending: deque[Request] = deque()  # prompts fetched, not yet dispatched
+        self._next_iteration = 0
+        self._num_started = 0
+        self._started_version: dict[int, int] = {}  # sample id -> version counted in budget
+        self._ready: list[Completion] = []  # finished, not yet placed in a step
+        self._handlers = {
+            Start: self._on_start,
+            SampleFinished: self._on_sample,
+            TrainStepDone: self._on_step_done,
+            WeightsLoaded: self._on_loaded,
+            RequestsAborted: self._on_aborted,
+            InstanceAdded: self._on_added,
+        }
+
+    @property
+    def _total_samples(self) -> int:
+        return self.config.num_steps * self.config.batch_size
+
+    # -- handlers ----------------------------------------------------------------------
+
+    def _on_start(self, event: Start) -> list[Command]:
+        return self._fill()
+
+    def _on_sample(self, event: SampleFinished) -> list[Command]:
+        c = self._note_finished(event)
+        counted = self._started_version.pop(c.sample_id)
+        self.budget.retarget(counted, max(counted, c.version_start))
+        self._ready.append(c)
+        return self._place_ready() + self._fill()
+
+    def _on_step_done(self, event: TrainStepDone) -> list[Command]:
+        self.latest_version = event.stats.step + 1
+        if self.latest_version >= self.config.num_steps:
+            self.finished = True
+            return [Finish()]
+        return [PushWeights(self.latest_version, self.config.inflight)]
+
+    def _on_loaded(self, event: WeightsLoaded) -> list[Command]:
+        self._on_weights_loaded(event)
+        return self._fill()
+
+    def _on_aborted(self, event: RequestsAborted) -> list[Command]:
+        for r in event.requests:
+            view = self.views[event.instance_id]
+            view.num_assigned -= 1
+            view.assigned_tokens -= r.predicted_tokens or 0.0
+        version = self._min_version()
+        for r in event.requests:
+            self.budget.retarget(self._started_version[r.sample_id], version)
+            self._started_version[r.sample_id] = version
+        return self._dispatch_to(list(event.requests), self._open_views() or self._all_views())
+
+    def _on_added(self, event: InstanceAdded) -> list[Command]:
+        self._on_instance_added(event)
+        return self._fill()
+
+    # -- steps -------------------------------------------------------------------------
+
+    def _all_views(self) -> list:
+        return list(self.views.values())
+
+    def _open_views(self) -> list:
+        return [v for v in self.views.values() if v.num_free_slots > 0]
+
+    def _min_version(self) -> int:
+        return min(v.version for v in self.views.values())
+
+    def _next_group(self) -> list[Request]:
+        if not self._pending:
+            self._pending.extend(self._prompts.batch(self._next_iteration))
+            self._next_iteration += 1
+        group_id = self._pending[0].group_id
+        group = []
+        while self._pending and self._pending[0].group_id == group_id:
+            group.append(self._pending.popleft())
+        return group
+
+    def _fill(self) -> list[Command]:
+        """Start groups while slots are free and the lag budget allows; dispatch them at once."""
+        size = self.config.group_size
+        free = sum(v.num_free_slots for v in self.views.values())
+        version = self._min_version()
+        batch: list[Request] = []
+        while (
+            not self.finished
+            and self._num_started < self._total_samples
+            and free >= size
+            and self.budget.can_start(version, size)
+        ):
+            group = self._next_group()
+            self.budget.start(version, len(group))
+            for r in group:
+                self._started_version[r.sample_id] = version
+            self._num_started += len(group)
+            free -= len(group)
+            batch += group
+        if not batch:
+            return []
+        return self._dispatch_to(self._predict(batch), self._open_views())
+
+    def _place_ready(self) -> list[Command]:
+        """Place finished samples earliest-deadline-first while the budget allows."""
+        out: list[Command] = []
+        self._ready.sort(key=lambda c: (c.version_start, c.gen_end_s or 0.0, c.sample_id))
+        while self._ready and self.budget.can_place(self._ready[0].version_start):
+            c = self._ready.pop(0)
+            step = self.budget.step
+            out += self._train(step, c)
+            if self.budget.place(c.version_start):
+                out += self._close_step(step)
+        return out

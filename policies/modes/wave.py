@@ -1,0 +1,143 @@
+"""Iteration ("wave") modes: each iteration generates one batch, then one optimizer step.
+
+One controller covers five published designs through its config:
+
+* ``colocated-sync`` (verl-style): all GPUs generate, switch context, train, switch back.
+* ``disagg-sync``: separate GPUs; train after the whole batch is generated; weights are
+  pushed and loaded before the next batch starts (transfer on the critical path).
+* ``stream-sync`` (StreamRL-Sync): as above, but each finished sample streams to the
+  trainer, which runs micro-batches while generation continues.
+* ``one-step-async``: batch i+1 is generated with weights i−1 while step i trains, so
+  weight transfer leaves the critical path; staleness ≤ 1.
+* ``stream-async`` (StreamRL-Async): streaming plus one-step asynchrony.
+
+Batch ``w`` may start once batch ``w−1`` is fully generated and every instance holds
+weights ``≥ w − max_lag``; step ``w`` trains exactly batch ``w``.
+"""
+
+from __future__ import annotations
+
+from policies.modes.base import Controller
+from policies.modes.events import (
+    Command,
+    ContextSwitched,
+    Finish,
+    InstanceAdded,
+    Phase,
+    PushWeights,
+    SampleFinished,
+    ScaleOut,
+    Start,
+    SwitchContext,
+    TrainSamples,
+    TrainStepDone,
+    WeightsLoaded,
+)
+from policies.records import Completion, InflightHandling
+
+
+class WaveController(Controller):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._next_wave = 0
+        self._remaining: dict[int, int] = {}  # wave -> samples not yet finished
+        self._wave_start_s: dict[int, float] = {}
+        self.wave_gen_time_s: dict[int, float] = {}
+        self._wave_done: list[Completion] = []  # finished samples of the current wave
+        self._scale_pending = False
+        self._handlers = {
+            Start: self._on_start,
+            SampleFinished: self._on_sample,
+            TrainStepDone: self._on_step_done,
+            WeightsLoaded: self._on_loaded,
+            ContextSwitched: self._on_switched,
+            InstanceAdded: self._on_added,
+        }
+
+    # -- handlers ----------------------------------------------------------------------
+
+    def _on_start(self, event: Start) -> list[Command]:
+        return self._maybe_start_wave(event.time_s)
+
+    def _on_sample(self, event: SampleFinished) -> list[Command]:
+        c = self._note_finished(event)
+        wave = c.request.iteration
+        self._remaining[wave] -= 1
+        out = [] if self.config.colocated else self._train(wave, c)
+        if self.config.colocated:
+            self._wave_done.append(c)
+        if self._remaining[wave] == 0:
+            self.wave_gen_time_s[wave] = event.time_s - self._wave_start_s[wave]
+            out += self._on_wave_generated(wave)
+            out += self._maybe_start_wave(event.time_s)
+        return out
+
+    def _on_wave_generated(self, wave: int) -> list[Command]:
+        if self.config.colocated:
+            return [SwitchContext(Phase.TRAIN)]
+        return self._close_step(wave)  # non-streaming: the whole batch in one go
+
+    def _on_step_done(self, event: TrainStepDone) -> list[Command]:
+        step = event.stats.step
+        self.latest_version = step + 1
+        if step + 1 >= self.config.num_steps:
+            self.finished = True
+            return [Finish()]
+        out: list[Command] = self._maybe_scale(step, event)
+        if self.config.colocated:
+            return [*out, SwitchContext(Phase.GENERATE)]
+        out.append(PushWeights(self.latest_version, InflightHandling.BARRIER))
+        return out + self._maybe_start_wave(event.time_s)
+
+    def _on_loaded(self, event: WeightsLoaded) -> list[Command]:
+        self._on_weights_loaded(event)
+        return self._maybe_start_wave(event.time_s)
+
+    def _on_switched(self, event: ContextSwitched) -> list[Command]:
+        if event.to == Phase.TRAIN:
+            wave = self._next_wave - 1
+            batch, self._wave_done = tuple(self._wave_done), []
+            for c in batch:
+                self.train_step_of[c.sample_id] = wave
+            return [TrainSamples(wave, batch), *self._close_step(wave)]
+        for view in self.views.values():  # colocated weights are local
+            view.version = self.latest_version
+        return self._maybe_start_wave(event.time_s)
+
+    def _on_added(self, event: InstanceAdded) -> list[Command]:
+        self._on_instance_added(event)
+        self._scale_pending = False
+        return self._maybe_start_wave(event.time_s)
+
+    # -- steps -------------------------------------------------------------------------
+
+    def _ready_for(self, wave: int) -> bool:
+        if wave >= self.config.num_steps or self.finished:
+            return False
+        if wave > 0 and self._remaining.get(wave - 1, 0) > 0:
+            return False
+        if self.config.colocated and wave > 0 and self.latest_version < wave:
+            return False
+        need = wave - self.config.max_lag
+        return all(v.version >= need for v in self.views.values())
+
+    def _maybe_start_wave(self, time_s: float) -> list[Command]:
+        wave = self._next_wave
+        if not self._ready_for(wave):
+            return []
+        self._next_wave += 1
+        requests = self._predict(self._prompts.batch(wave))
+        self._remaining[wave] = len(requests)
+        self._wave_start_s[wave] = time_s
+        self._wave_done = []
+        return self._dispatch_to(requests, list(self.views.values()))
+
+    def _maybe_scale(self, step: int, event: TrainStepDone) -> list[Command]:
+        if self._scaling is None or self._scale_pending or step not in self.wave_gen_time_s:
+            return []
+        train_s = event.stats.extra.get("busy_s", event.stats.end_s - event.stats.start_s)
+        add = self._scaling.instances_to_add(self.wave_gen_time_s[step], train_s, len(self.views))
+        if add <= 0:
+            return []
+        self._scale_pending = True
+        return [ScaleOut(add)]

@@ -1,0 +1,160 @@
+"""Typed records passed between stages, shared by the simulator and the live runtime.
+
+Times are seconds from the run's start; a time not yet known is ``None``, never 0.
+Weight versions count optimizer steps: version ``v`` is the policy after ``v`` steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class InflightHandling(StrEnum):
+    """What a generation instance does with running requests when new weights arrive."""
+
+    KEEP = "keep"  # pause, load, resume: sequences keep their KV cache (PipelineRL)
+    ABORT_RESUBMIT = "abort-resubmit"  # abort running requests, load, resubmit them
+    DRAIN = "drain"  # stop admitting, finish running requests, then load
+    BARRIER = "barrier"  # load only when the instance is idle (between iterations)
+
+
+class SpanKind(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    TRAIN = "train"
+    WEIGHT_SYNC = "weight_sync"
+    CONTEXT_SWITCH = "context_switch"
+    IDLE = "idle"
+
+
+@dataclass(slots=True, frozen=True)
+class Request:
+    """One sample to generate: a prompt of a group, with its predicted output length."""
+
+    sample_id: int
+    prompt_id: int
+    group_id: int
+    iteration: int
+    prompt_tokens: int
+    max_tokens: int
+    predicted_tokens: float | None = None
+    prompt: str | None = None  # the prompt text (live); None in the simulator
+
+
+@dataclass(slots=True)
+class Completion:
+    """A finished (or aborted) generation of one request."""
+
+    request: Request
+    instance_id: int
+    output_tokens: int
+    finish_reason: FinishReason
+    version_start: int
+    version_end: int
+    dispatch_s: float
+    gen_start_s: float | None
+    gen_end_s: float | None
+    token_ids: tuple[int, ...] | None = None  # live only
+    logprobs: tuple[float, ...] | None = None  # sampling log-probs (live only)
+    reward: float | None = None  # verifiable reward (live only)
+
+    @property
+    def sample_id(self) -> int:
+        return self.request.sample_id
+
+
+@dataclass(slots=True)
+class InstanceView:
+    """What a policy may see of a generation instance."""
+
+    instance_id: int
+    hardware: str
+    tp: int
+    datacenter: str
+    max_num_seqs: int
+    kv_capacity_tokens: int
+    num_assigned: int = 0  # dispatched and not yet finished
+    assigned_tokens: float = 0.0  # predicted output tokens of the assigned requests
+    version: int = 0  # weight version loaded
+
+    @property
+    def num_running(self) -> int:
+        return min(self.num_assigned, self.max_num_seqs)
+
+    @property
+    def num_queued(self) -> int:
+        return max(0, self.num_assigned - self.max_num_seqs)
+
+    @property
+    def num_free_slots(self) -> int:
+        return max(0, self.max_num_seqs - self.num_assigned)
+
+
+@dataclass(slots=True)
+class TrainBatch:
+    """Completions fed to the trainer as part of optimizer step ``step``."""
+
+    step: int
+    completions: list[Completion]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.request.prompt_tokens + c.output_tokens for c in self.completions)
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What the trainer reports after an optimizer step."""
+
+    step: int
+    version: int  # weight version produced by this step (step + 1)
+    num_samples: int
+    num_tokens: int
+    start_s: float
+    end_s: float
+    loss: float | None = None
+    mean_reward: float | None = None
+    mean_lag: float | None = None
+    ess: float | None = None  # effective sample size of the importance weights
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SampleRecord:
+    """One row of ``samples.parquet``."""
+
+    sample_id: int
+    prompt_id: int
+    group_id: int
+    iteration: int
+    instance_id: int
+    prompt_tokens: int
+    output_tokens: int
+    predicted_output_tokens: float | None
+    dispatch_s: float
+    gen_start_s: float | None
+    gen_end_s: float | None
+    train_step: int | None
+    version_start: int
+    version_end: int
+    version_trained: int | None
+    reward: float | None
+
+
+@dataclass(slots=True)
+class Span:
+    """One row of ``events.parquet``: a resource doing one kind of thing for a while."""
+
+    resource: str  # gen-<i>, trainer, link-<a>-<b>
+    kind: SpanKind
+    start_s: float
+    end_s: float
+    iteration: int | None = None
+    batch_size: int | None = None

@@ -1,0 +1,199 @@
+"""Run results with one schema for the simulator and the live runtime.
+
+Metrics, and how each bubble is measured (all in resource-seconds, i.e. summed over
+generation instances and the trainer):
+
+* ``skewness_bubble_s`` — time a generation instance sits without work while the
+  iteration it serves is still being generated elsewhere. Each iteration's window runs
+  from its first dispatch to its last completion; an instance's non-busy time inside
+  the union of these windows counts.
+* ``pipeline_bubble_s`` — time a stage waits on the other: generation instances'
+  non-busy time outside every iteration window (waiting for weights or training, weight
+  loads, lag throttling) plus the trainer's idle time. Colocated runs time-share GPUs, so
+  there it is the context-switch time instead.
+* ``generation_utilization`` / ``trainer_utilization`` — busy (prefill, decode / train)
+  time over the time the resource existed in the run.
+* ``mean_staleness`` / ``max_staleness`` — ``version_trained − version_start`` over trained
+  samples.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from policies.records import SampleRecord, Span, SpanKind
+from policies.spec import RunSpec
+
+Interval = tuple[float, float]
+
+GEN_BUSY = {SpanKind.PREFILL, SpanKind.DECODE}
+
+
+def _merge(intervals: Iterable[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    for lo, hi in sorted(intervals):
+        if hi <= lo:
+            continue
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _length(intervals: Iterable[Interval]) -> float:
+    return sum(hi - lo for lo, hi in intervals)
+
+
+def _intersect(a: list[Interval], b: list[Interval]) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _complement(busy: list[Interval], start: float, end: float) -> list[Interval]:
+    out, cursor = [], start
+    for lo, hi in busy:
+        if lo > cursor:
+            out.append((cursor, min(lo, end)))
+        cursor = max(cursor, hi)
+    if cursor < end:
+        out.append((cursor, end))
+    return [iv for iv in out if iv[1] > iv[0]]
+
+
+def iteration_windows(samples: list[SampleRecord]) -> dict[int, Interval]:
+    lo: dict[int, float] = {}
+    hi: dict[int, float] = {}
+    for s in samples:
+        if s.gen_end_s is None:
+            continue
+        lo[s.iteration] = min(lo.get(s.iteration, s.dispatch_s), s.dispatch_s)
+        hi[s.iteration] = max(hi.get(s.iteration, s.gen_end_s), s.gen_end_s)
+    return {it: (lo[it], hi[it]) for it in lo}
+
+
+def compute_metrics(
+    samples: list[SampleRecord],
+    spans: list[Span],
+    end_s: float,
+    gen_resources: dict[str, float],
+    colocated: bool,
+    num_steps: int,
+    cost_units: float | None,
+) -> dict[str, float | int | None]:
+    """Metrics of ``metrics.json``; ``gen_resources`` maps ``gen-<i>`` to its start time."""
+    busy: dict[str, list[Interval]] = defaultdict(list)
+    switch_s = 0.0
+    for sp in spans:
+        if sp.kind in GEN_BUSY or sp.kind == SpanKind.TRAIN:
+            busy[sp.resource].append((sp.start_s, sp.end_s))
+        if sp.kind == SpanKind.CONTEXT_SWITCH and sp.resource == "trainer":
+            switch_s += sp.end_s - sp.start_s
+    windows = _merge(iteration_windows(samples).values())
+    gen_busy_s = gen_life_s = skew_s = gen_wait_s = 0.0
+    for name, start in gen_resources.items():
+        merged = _merge(busy[name])
+        idle = _complement(merged, start, end_s)
+        gen_busy_s += _length(merged)
+        gen_life_s += max(0.0, end_s - start)
+        in_window = _intersect(idle, windows)
+        skew_s += in_window
+        gen_wait_s += _length(idle) - in_window
+    train_busy_s = _length(_merge(busy["trainer"]))
+    pipeline_s = switch_s if colocated else gen_wait_s + max(0.0, end_s - train_busy_s)
+    trained = [s for s in samples if s.train_step is not None]
+    generated = [s for s in samples if s.gen_end_s is not None]
+    stale = [s.version_trained - s.version_start for s in trained if s.version_trained is not None]
+    per_iter = [hi - lo for lo, hi in iteration_windows(samples).values()]
+    throughput = len(trained) / end_s if end_s > 0 else 0.0
+    return {
+        "throughput_samples_per_s": throughput,
+        "throughput_tokens_per_s": sum(s.output_tokens for s in trained) / end_s if end_s else 0.0,
+        "generation_utilization": gen_busy_s / gen_life_s if gen_life_s else 0.0,
+        "trainer_utilization": min(1.0, train_busy_s / end_s) if end_s else 0.0,
+        "pipeline_bubble_s": pipeline_s,
+        "skewness_bubble_s": skew_s,
+        "mean_staleness": sum(stale) / len(stale) if stale else 0.0,
+        "max_staleness": max(stale) if stale else 0,
+        "num_samples_generated": len(generated),
+        "num_samples_trained": len(trained),
+        "cost_normalized_throughput": throughput / cost_units if cost_units else None,
+        "generation_time_s": sum(per_iter) / len(per_iter) if per_iter else 0.0,
+        "iteration_time_s": end_s / num_steps if num_steps else 0.0,
+        "makespan_s": end_s,
+        "num_generation_instances": len(gen_resources),
+    }
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+SAMPLE_COLUMNS = list(SampleRecord.__slots__)  # type: ignore[attr-defined]
+SPAN_COLUMNS = list(Span.__slots__)  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class RunResult:
+    spec: RunSpec
+    metrics: dict[str, Any]
+    samples: list[SampleRecord]
+    spans: list[Span]
+    steps: list[dict[str, Any]] = field(default_factory=list)  # per optimizer step stats
+
+    def samples_frame(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame([asdict(s) for s in self.samples], columns=SAMPLE_COLUMNS)
+
+    def spans_frame(self) -> Any:
+        import pandas as pd
+
+        rows = [{**asdict(s), "kind": str(s.kind)} for s in self.spans]
+        frame = pd.DataFrame(rows, columns=SPAN_COLUMNS)
+        return frame.astype({"iteration": "Int64", "batch_size": "Int64"})
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write spec.yaml, metrics.json, samples.parquet, events.parquet (each atomically)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "spec.yaml", self.spec.to_yaml().encode())
+        write_atomic(out / "metrics.json", json.dumps(self.metrics, indent=2).encode())
+        write_atomic(out / "samples.parquet", _parquet_bytes(self.samples_frame()))
+        write_atomic(out / "events.parquet", _parquet_bytes(self.spans_frame()))
+        if self.steps:
+            write_atomic(out / "steps.json", json.dumps(self.steps, indent=2).encode())
+        return out
+
+
+def _parquet_bytes(frame: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    return buf.getvalue()

@@ -1,0 +1,343 @@
+"""The run spec: one typed, validated description of a run, loaded from YAML.
+
+Unknown keys, wrong types and impossible values are errors that name the key
+(``SpecError``); the CLI turns them into exit status 2 before anything runs.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from policies.records import InflightHandling
+
+
+class SpecError(ValueError):
+    """A spec that cannot be run; the message names the offending key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(_Section):
+    name: str = "run"
+    iterations: int = Field(10, ge=1, description="optimizer steps (iterations) to run")
+    seed: int = Field(0, ge=0, description="root seed of every named random stream")
+
+
+class ModelSection(_Section):
+    name: str = Field("Qwen2.5-7B", description="row of models.csv (sim cost model)")
+    path: str | None = Field(None, description="Hugging Face model directory (live)")
+
+
+class GenerationPool(_Section):
+    """A set of identical generation instances in one datacenter."""
+
+    hardware: str = "H800"
+    num_gpus: int = Field(16, ge=1)
+    tp: int = Field(1, ge=1, description="GPUs per instance (tensor parallelism)")
+    datacenter: str = "dc0"
+    max_num_seqs: int = Field(256, ge=1, description="vLLM max running sequences")
+
+    @model_validator(mode="after")
+    def _whole_instances(self) -> GenerationPool:
+        if self.num_gpus % self.tp:
+            raise ValueError(f"num_gpus ({self.num_gpus}) must be a multiple of tp ({self.tp})")
+        return self
+
+    @property
+    def num_instances(self) -> int:
+        return self.num_gpus // self.tp
+
+
+class TrainerPool(_Section):
+    hardware: str = "H800"
+    num_gpus: int = Field(16, ge=1)
+    datacenter: str = "dc0"
+
+
+class NetworkSection(_Section):
+    intra_dc_gbps: float = Field(1600.0, gt=0, description="per-node NIC bandwidth, Gbit/s")
+    inter_dc_gbps: float = Field(80.0, gt=0, description="link between datacenters, Gbit/s")
+    latency_s: float = Field(1e-4, ge=0, description="per-transfer latency, s")
+    pcie_gb_per_s: float = Field(50.0, gt=0, description="host-device GB/s (context switch)")
+
+
+class ClusterSection(_Section):
+    generation: list[GenerationPool] = Field(default_factory=lambda: [GenerationPool()])
+    trainer: TrainerPool = Field(default_factory=TrainerPool)
+    network: NetworkSection = Field(default_factory=NetworkSection)
+    gpus_per_node: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _nonempty(self) -> ClusterSection:
+        if not self.generation:
+            raise ValueError("generation needs at least one pool")
+        return self
+
+
+class WorkloadSection(_Section):
+    kind: Literal["histogram", "lognormal", "pareto", "trace"] = "histogram"
+    max_output_tokens: int = Field(5000, ge=1)
+    final_max_output_tokens: int | None = Field(
+        None, ge=1, description="grow max output linearly to this by the last iteration"
+    )
+    prompt_tokens_median: int = Field(512, ge=1)
+    prompt_tokens_sigma: float = Field(0.5, ge=0)
+    lognormal_median_tokens: float = Field(1500.0, gt=0)
+    lognormal_sigma: float = Field(0.8, gt=0)
+    pareto_alpha: float = Field(1.5, gt=0)
+    pareto_min_tokens: float = Field(300.0, gt=0)
+    trace_path: str | None = None
+    num_prompts: int = Field(4096, ge=1, description="prompts in the dataset (one epoch)")
+    prompt_correlation: float = Field(
+        0.7, ge=0, le=1, description="share of a sample's log-length variance set by its prompt"
+    )
+    epoch_correlation: float = Field(
+        0.9, ge=0, le=1, description="correlation of a prompt's length across epochs"
+    )
+
+    @model_validator(mode="after")
+    def _trace_has_path(self) -> WorkloadSection:
+        if self.kind == "trace" and not self.trace_path:
+            raise ValueError("kind 'trace' needs trace_path")
+        return self
+
+
+class AlgorithmSection(_Section):
+    name: Literal["grpo", "ppo"] = "grpo"
+    batch_size: int = Field(1024, ge=1, description="samples per optimizer step")
+    group_size: int = Field(8, ge=1, description="samples per prompt")
+    micro_batch_per_gpu: int = Field(1, ge=1, description="samples per trainer GPU per micro-batch")
+    kl_coef: float = Field(0.0, ge=0)
+    clip_epsilon: float = Field(0.2, gt=0)
+    learning_rate: float = Field(1e-6, gt=0)
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> AlgorithmSection:
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})"
+            )
+        return self
+
+
+class PipelineSection(_Section):
+    mode: str = "stream-async"
+    max_lag: int = Field(4, ge=0, description="pipeline mode: max versions a sample may lag")
+    inflight: InflightHandling = InflightHandling.KEEP
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        from policies.modes import MODES
+
+        return _check_name(value, MODES.names())
+
+    @field_validator("inflight")
+    @classmethod
+    def _not_barrier(cls, value: InflightHandling) -> InflightHandling:
+        if value == InflightHandling.BARRIER:
+            raise ValueError("must be keep, abort-resubmit or drain")
+        return value
+
+
+class ElasticSection(_Section):
+    max_extra_instances: int = Field(4, ge=0)
+    gpus_per_step: int = Field(8, ge=1, description="GPUs added per scale-out (one node)")
+
+
+class PoliciesSection(_Section):
+    dispatch: str = "skewness-aware"
+    dispatch_objective: Literal["sum", "max"] = "sum"
+    long_tail_fraction: float = Field(0.2, gt=0, lt=1)
+    scheduling: str = "lpt"
+    length_predictor: str = "oracle"
+    predictor_recall: float = Field(0.87, gt=0, le=1, description="noisy-oracle: top-20% recall")
+    allocation: str = "fixed"
+    elastic: ElasticSection = Field(default_factory=ElasticSection)
+
+    @field_validator("dispatch")
+    @classmethod
+    def _known_dispatch(cls, value: str) -> str:
+        from policies.dispatch import DISPATCH
+
+        return _check_name(value, DISPATCH.names())
+
+    @field_validator("scheduling")
+    @classmethod
+    def _known_scheduling(cls, value: str) -> str:
+        from policies.scheduling import SCHEDULING
+
+        return _check_name(value, SCHEDULING.names())
+
+    @field_validator("length_predictor")
+    @classmethod
+    def _known_predictor(cls, value: str) -> str:
+        from policies.predictors import PREDICTORS
+
+        return _check_name(value, PREDICTORS.names())
+
+    @field_validator("allocation")
+    @classmethod
+    def _known_allocation(cls, value: str) -> str:
+        from policies.allocation import ALLOCATION
+
+        return _check_name(value, ALLOCATION.names())
+
+
+class EfficiencySection(_Section):
+    """Engine-efficiency assumptions of the roofline cost model (fractions of peak)."""
+
+    decode_memory: float = Field(0.8, gt=0, le=1, description="achieved / peak HBM bandwidth")
+    decode_compute: float = Field(0.5, gt=0, le=1, description="decode achieved / peak FLOP/s")
+    prefill_compute: float = Field(0.6, gt=0, le=1)
+    train_mfu: float = Field(0.4, gt=0, le=1, description="training model-FLOPs utilisation")
+    step_overhead_s: float = Field(0.003, ge=0, description="fixed cost per decode step")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+
+
+class SimSection(_Section):
+    cost_model: str = Field("roofline", description="'roofline' or 'profiled:PATH'")
+    efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
+    fast_forward: bool = True
+    instance_start_s: float = Field(60.0, ge=0, description="elastic: time to start an instance")
+
+    @field_validator("cost_model")
+    @classmethod
+    def _known_cost_model(cls, value: str) -> str:
+        if value != "roofline" and not value.startswith("profiled:"):
+            raise ValueError("must be 'roofline' or 'profiled:PATH'")
+        return value
+
+
+class LiveSection(_Section):
+    """Live runtime settings (used with ``--live``)."""
+
+    num_servers: int = Field(1, ge=1)
+    host: str = "127.0.0.1"
+    base_port: int = Field(8400, ge=1024, le=65000)
+    token: str | None = Field(None, description="control-route bearer token (generated if None)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    kv_cache_gib: float = Field(1.0, gt=0)
+    max_model_len: int = Field(512, ge=16)
+    temperature: float = Field(1.0, ge=0)
+    checkpoint_every: int = Field(1, ge=1)
+
+
+class RunSpec(_Section):
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    policies: PoliciesSection = Field(default_factory=PoliciesSection)
+    sim: SimSection = Field(default_factory=SimSection)
+    live: LiveSection = Field(default_factory=LiveSection)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @property
+    def prompts_per_iteration(self) -> int:
+        return self.algorithm.batch_size // self.algorithm.group_size
+
+
+def _check_name(name: str, known: list[str]) -> str:
+    if name not in known:
+        raise ValueError(f"unknown name {name!r}; choose one of {', '.join(known)}")
+    return name
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<spec>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{key}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as YAML (numbers, bools, lists)."""
+    if "=" not in text:
+        raise SpecError(f"override {text!r} must look like key.path=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise SpecError(f"override {text!r} has an empty key")
+    return path, yaml.safe_load(raw)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``key.path=value`` override set."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node: Any = data
+        for i, part in enumerate(path[:-1]):
+            node = _child(node, part, ".".join(path[: i + 1]))
+        _set_child(node, path[-1], value, ".".join(path))
+    return data
+
+
+def _child(node: Any, part: str, key: str) -> Any:
+    if isinstance(node, list):
+        if not part.isdigit() or int(part) >= len(node):
+            raise SpecError(f"{key}: no list element {part!r}")
+        return node[int(part)]
+    if not isinstance(node, dict):
+        raise SpecError(f"{key}: cannot set a key inside a value")
+    return node.setdefault(part, {})
+
+
+def _set_child(node: Any, part: str, value: Any, key: str) -> None:
+    if isinstance(node, list):
+        if not part.isdigit() or int(part) >= len(node):
+            raise SpecError(f"{key}: no list element {part!r}")
+        node[int(part)] = value
+    elif isinstance(node, dict):
+        node[part] = value
+    else:
+        raise SpecError(f"{key}: cannot set a key inside a value")
+
+
+def spec_from_dict(data: dict[str, Any]) -> RunSpec:
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_format_errors(err)) from None
+
+
+def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> RunSpec:
+    """Load a YAML spec (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise SpecError(f"spec file {path} does not exist") from None
+        except yaml.YAMLError as err:
+            raise SpecError(f"{path}: not valid YAML ({err})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise SpecError(f"{path}: the top level must be a mapping of sections")
+        data = loaded or {}
+    spec = spec_from_dict(data)
+    if overrides:  # applied to the resolved spec, so list items and defaults can be set
+        spec = spec_from_dict(apply_overrides(spec.model_dump(mode="json"), overrides))
+    return spec

@@ -1,0 +1,1 @@
+"""SimPy discrete-event simulator of disaggregated RL pipelines (see sim/simulator.py)."""

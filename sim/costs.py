@@ -1,0 +1,214 @@
+"""Cost models of the simulator, in integer ticks (1 tick = 1 ps) and in seconds.
+
+Modelling assumptions (roofline):
+
+* Decode step of ``n`` sequences holding ``ctx`` tokens of KV on ``tp`` GPUs:
+  ``max(compute, memory)`` with compute = ``2·P·n + 4·L·h·ctx`` FLOPs at
+  ``decode_compute`` of peak and memory = weights + KV bytes at ``decode_memory`` of peak
+  HBM bandwidth, plus a fixed ``step_overhead_s`` (scheduler, sampling, launches).
+  Both terms are affine in ``ctx``, which is what makes exact fast-forward possible.
+* Prefill is compute-bound (``2·P`` FLOPs per token at ``prefill_compute``); the
+  quadratic attention term is ignored (prompts are short next to outputs).
+* Training costs ``k·P`` FLOPs per token at ``train_mfu`` over the trainer's GPUs, with
+  k = 6 for GRPO (actor forward+backward, +2 with a reference KL) and k = 18 for PPO
+  (actor and critic forward+backward, reference, old-log-prob and value forwards);
+  the Adam step moves 32 bytes per trained parameter through HBM.
+* Weight transfer: bf16 bytes over the link bandwidth plus latency.
+* KV capacity: ``gpu_memory_utilization`` of HBM minus the weights, per instance.
+
+Known biases: no kernel-level effects (attention kernels, communication of tensor
+parallelism), perfectly token-balanced data parallelism in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from policies.protocols import Device
+from policies.spec import EfficiencySection, RunSpec
+from sim.tables import Hardware, Model, hardware, model
+
+TICKS_PER_S = 10**12
+
+
+def to_ticks(seconds: float) -> int:
+    return int(round(seconds * TICKS_PER_S))
+
+
+def to_seconds(ticks: int) -> float:
+    return ticks / TICKS_PER_S
+
+
+def _ap_sum(a: int, b: int, lo: int, hi: int) -> int:
+    """Σ_{k=lo}^{hi-1} (a + b·k), exactly."""
+    if hi <= lo:
+        return 0
+    return a * (hi - lo) + b * (hi * (hi - 1) // 2 - lo * (lo - 1) // 2)
+
+
+@dataclass(slots=True, frozen=True)
+class DecodeLaw:
+    """Step time ``max(p0 + p1·ctx, q0 + q1·ctx)`` ticks for a fixed batch size ``n``."""
+
+    n: int
+    p0: int
+    p1: int
+    q0: int
+    q1: int
+
+    def step(self, ctx: int) -> int:
+        return max(self.p0 + self.p1 * ctx, self.q0 + self.q1 * ctx)
+
+    def span(self, ctx0: int, num_steps: int) -> int:
+        """Ticks of ``num_steps`` steps starting at context ``ctx0`` (grows by n a step).
+
+        Both terms are arithmetic progressions in the step index, so their max switches
+        from one to the other at most once: sum each piece in closed form.
+        """
+        af, bf = self.p0 + self.p1 * ctx0, self.p1 * self.n
+        ag, bg = self.q0 + self.q1 * ctx0, self.q1 * self.n
+        da, db = af - ag, bf - bg  # f_k - g_k = da + db·k
+        if db > 0:  # g first, f from the first k with da + db·k >= 0
+            split = 0 if da >= 0 else min(num_steps, (-da + db - 1) // db)
+            return _ap_sum(ag, bg, 0, split) + _ap_sum(af, bf, split, num_steps)
+        if db == 0:
+            split = num_steps if da >= 0 else 0
+        else:  # f first, g from the first k with da + db·k < 0
+            split = 0 if da < 0 else min(num_steps, da // (-db) + 1)
+        return _ap_sum(af, bf, 0, split) + _ap_sum(ag, bg, split, num_steps)
+
+    def steps_within(self, ctx0: int, ticks: int, limit: int) -> int:
+        """Largest k ≤ limit with span(ctx0, k) ≤ ticks."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.span(ctx0, mid) <= ticks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+class RooflineCostModel:
+    def __init__(
+        self, model_spec: Model, efficiency: EfficiencySection, algorithm: str, kl: bool = False
+    ) -> None:
+        self.model = model_spec
+        self.eff = efficiency
+        self.train_flops_per_token = 18.0 if algorithm == "ppo" else 6.0 + (2.0 if kl else 0.0)
+        self.train_flops_per_token *= model_spec.num_params
+        self.num_trained_models = 2 if algorithm == "ppo" else 1
+        self._laws: dict[tuple[str, int, int], DecodeLaw] = {}
+
+    # -- exact decode law for the engine --------------------------------------------------
+
+    def decode_law(self, device: Device, n: int) -> DecodeLaw:
+        key = (device.hardware, device.num_gpus, n)
+        law = self._laws.get(key)
+        if law is None:
+            law = self._laws[key] = self._make_law(hardware(device.hardware), device.num_gpus, n)
+        return law
+
+    def _make_law(self, hw: Hardware, tp: int, n: int) -> DecodeLaw:
+        m, e = self.model, self.eff
+        flops = tp * hw.bf16_flops * e.decode_compute
+        bw = tp * hw.hbm_bytes_per_s * e.decode_memory
+        overhead = e.step_overhead_s
+        return DecodeLaw(
+            n=n,
+            p0=to_ticks(overhead + 2 * m.num_params * n / flops),
+            p1=to_ticks(4 * m.num_layers * m.hidden_size / flops),
+            q0=to_ticks(overhead + m.weight_bytes / bw),
+            q1=to_ticks(m.kv_bytes_per_token / bw),
+        )
+
+    # -- CostModel protocol (seconds) -----------------------------------------------------
+
+    def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
+        return to_seconds(self.decode_law(device, max(1, batch_size)).step(context_tokens))
+
+    def prefill_s(self, device: Device, num_tokens: int) -> float:
+        hw = hardware(device.hardware)
+        flops = device.num_gpus * hw.bf16_flops * self.eff.prefill_compute
+        return self.eff.step_overhead_s + 2 * self.model.num_params * num_tokens / flops
+
+    def train_s(self, device: Device, num_tokens: int) -> float:
+        hw = hardware(device.hardware)
+        return (
+            self.train_flops_per_token
+            * num_tokens
+            / (device.num_gpus * hw.bf16_flops * self.eff.train_mfu)
+        )
+
+    def optimizer_s(self, device: Device) -> float:
+        hw = hardware(device.hardware)
+        moved = 32.0 * self.model.num_params * self.num_trained_models
+        return moved / (device.num_gpus * hw.hbm_bytes_per_s * self.eff.decode_memory)
+
+    def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
+        return num_bytes * 8 / (gbps * 1e9) + latency_s
+
+    # -- capacities and colocated switch ----------------------------------------------------
+
+    def kv_capacity_tokens(self, device: Device) -> int:
+        hw = hardware(device.hardware)
+        free = device.num_gpus * hw.hbm_bytes * self.eff.gpu_memory_utilization
+        free -= self.model.weight_bytes
+        if free <= 0:
+            raise ValueError(
+                f"{self.model.name} does not fit on {device.num_gpus}× {device.hardware}; raise tp"
+            )
+        return int(free // self.model.kv_bytes_per_token)
+
+    def context_switch_s(self, num_gpus: int, tp: int, pcie_gb_per_s: float) -> float:
+        """Offload one stage's state and onload the other's, per GPU over PCIe (verl-style)."""
+        train_state = (16.0 * self.num_trained_models + 2.0) * self.model.num_params / num_gpus
+        inference = self.model.weight_bytes / tp
+        return (train_state + inference) / (pcie_gb_per_s * 1e9)
+
+
+class ProfiledCostModel(RooflineCostModel):
+    """Decode step time interpolated from a measured table; other operations as roofline.
+
+    The table is a CSV with ``batch_size`` and ``decode_step_ms`` (like StreamRL's
+    ``ptl_7b_h800.csv``); the step time is linear between points and extrapolated
+    linearly beyond the last two. Context length is not a column, so it has no effect.
+    """
+
+    def __init__(self, table: Path, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        frame = pd.read_csv(table)
+        missing = {"batch_size", "decode_step_ms"} - set(frame.columns)
+        if missing:
+            raise ValueError(f"{table}: missing column(s) {', '.join(sorted(missing))}")
+        frame = frame.sort_values("batch_size")
+        self._bs = frame["batch_size"].to_numpy(float)
+        self._ms = frame["decode_step_ms"].to_numpy(float)
+
+    def _step_s(self, n: int) -> float:
+        if n > self._bs[-1] and len(self._bs) > 1:
+            slope = (self._ms[-1] - self._ms[-2]) / (self._bs[-1] - self._bs[-2])
+            return (self._ms[-1] + slope * (n - self._bs[-1])) / 1e3
+        return float(np.interp(n, self._bs, self._ms)) / 1e3
+
+    def _make_law(self, hw: Hardware, tp: int, n: int) -> DecodeLaw:
+        return DecodeLaw(n=n, p0=to_ticks(self._step_s(n)), p1=0, q0=0, q1=0)
+
+
+def build_cost_model(spec: RunSpec) -> RooflineCostModel:
+    args = (
+        model(spec.model.name),
+        spec.sim.efficiency,
+        spec.algorithm.name,
+        spec.algorithm.kl_coef > 0,
+    )
+    if spec.sim.cost_model == "roofline":
+        return RooflineCostModel(*args)
+    path = Path(spec.sim.cost_model.removeprefix("profiled:"))
+    if not path.exists():
+        raise ValueError(f"sim.cost_model: profile table {path} does not exist")
+    return ProfiledCostModel(path, *args)

@@ -1,0 +1,360 @@
+"""The simulator: wires engines, trainer and network to a pipeline-mode controller.
+
+The controller (``policies.modes``) decides; this module only executes its commands in
+simulated time and feeds back events, exactly as the live runtime does with real
+servers. Modelling assumptions of each part are in the docstrings of ``sim.engine``,
+``sim.trainer``, ``sim.costs`` and ``sim.workload``; weight pushes do not contend for
+links (one push per optimizer step), and a colocated context switch stalls every GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import simpy
+
+from policies.allocation import StageModel, build_allocation
+from policies.dispatch import DISPATCH
+from policies.modes import MODES, Controller, build_controller
+from policies.modes.events import (
+    Command,
+    ContextSwitched,
+    Dispatch,
+    Event,
+    Finish,
+    InstanceAdded,
+    OptimizerStep,
+    Phase,
+    PushWeights,
+    RequestsAborted,
+    SampleFinished,
+    ScaleOut,
+    Start,
+    SwitchContext,
+    TrainSamples,
+    TrainStepDone,
+    WeightsLoaded,
+)
+from policies.predictors import PREDICTORS
+from policies.protocols import Device
+from policies.records import (
+    Completion,
+    InflightHandling,
+    InstanceView,
+    Request,
+    SampleRecord,
+    Span,
+    SpanKind,
+    StepStats,
+)
+from policies.results import RunResult, compute_metrics
+from policies.rng import RngStreams
+from policies.scheduling import SCHEDULING
+from policies.spec import ClusterSection, GenerationPool, RunSpec
+from sim.costs import RooflineCostModel, build_cost_model, to_seconds, to_ticks
+from sim.engine import EngineConfig, EngineHooks, GenerationEngine
+from sim.tables import hardware
+from sim.trainer import SimTrainer
+from sim.workload import Workload
+
+NUM_CALIBRATION_SAMPLES = 20000
+
+
+@dataclass(slots=True)
+class _Instance:
+    engine: GenerationEngine
+    pool: GenerationPool
+    start_s: float
+
+
+class Simulation:
+    """``Simulation(spec).run()`` returns a :class:`RunResult`; construction does nothing."""
+
+    def __init__(self, spec: RunSpec, fast_forward: bool | None = None) -> None:
+        self.spec = spec
+        self.fast_forward = spec.sim.fast_forward if fast_forward is None else fast_forward
+
+    def run(self, on_step: Callable[[int], None] | None = None) -> RunResult:
+        wall0 = time.perf_counter()
+        world = _World(self.spec, self.fast_forward, on_step)
+        world.env.process(world.trainer.run())
+        world.emit(Start(0.0))
+        world.env.run(until=world.done)
+        return world.result(time.perf_counter() - wall0)
+
+
+def resolve_cluster(spec: RunSpec, cost: RooflineCostModel, workload: Workload) -> ClusterSection:
+    """The cluster that runs: colocated modes share every GPU, allocation may re-split."""
+    cluster = spec.cluster
+    if MODES.create(spec.pipeline.mode).colocated:
+        pool = cluster.generation[0]
+        total = sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
+        return cluster.model_copy(
+            update={
+                "generation": [pool.model_copy(update={"num_gpus": total})],
+                "trainer": cluster.trainer.model_copy(update={"num_gpus": total}),
+            }
+        )
+    model = StageModel(
+        cost=cost,
+        batch_size=spec.algorithm.batch_size,
+        prompt_tokens=workload.mean_prompt_tokens,
+        output_tokens=workload.sample_lengths(4096),
+    )
+    return build_allocation(spec).allocate(cluster, model)
+
+
+class _World:
+    def __init__(self, spec: RunSpec, fast_forward: bool, on_step: Callable[[int], None] | None):
+        self.env = simpy.Environment()
+        self.done = self.env.event()
+        self.rngs = RngStreams(spec.run.seed)
+        self.cost = build_cost_model(spec)
+        self.workload = Workload(spec, self.rngs)
+        self.cluster = resolve_cluster(spec, self.cost, self.workload)
+        self.spec = spec.model_copy(update={"cluster": self.cluster})
+        self.colocated = MODES.create(spec.pipeline.mode).colocated
+        self._fast_forward = fast_forward
+        self._on_step = on_step
+        self._scheduling = SCHEDULING.create(spec.policies.scheduling)
+        self.instances: dict[int, _Instance] = {}
+        self.completions: dict[int, Completion] = {}
+        self.spans: list[Span] = []
+        self.steps: list[StepStats] = []
+        for pool in self.cluster.generation:
+            for _ in range(pool.num_instances):
+                self._add_instance(pool, version=0)
+        self.trainer = self._make_trainer()
+        self.controller = self._make_controller()
+        self._handlers: dict[type, Callable] = {
+            Dispatch: self._dispatch,
+            TrainSamples: self.trainer.submit,
+            OptimizerStep: self.trainer.submit,
+            PushWeights: self._push_weights,
+            SwitchContext: self._switch_context,
+            ScaleOut: self._scale_out,
+            Finish: lambda _: self.done.succeed(),
+        }
+
+    # -- construction -------------------------------------------------------------------
+
+    def _add_instance(self, pool: GenerationPool, version: int) -> _Instance:
+        instance_id = len(self.instances)
+        device = Device(pool.hardware, pool.tp)
+        hooks = EngineHooks(
+            finished=lambda c: self.emit(SampleFinished(to_seconds(self.env.now), c)),
+            weights_loaded=lambda i, v: self.emit(WeightsLoaded(to_seconds(self.env.now), i, v)),
+            aborted=self._aborted,
+            span=self.spans.append,
+        )
+        engine = GenerationEngine(
+            self.env,
+            EngineConfig(
+                instance_id,
+                pool.max_num_seqs,
+                self.cost.kv_capacity_tokens(device),
+                self._fast_forward,
+            ),
+            law=lambda n, d=device: self.cost.decode_law(d, n),
+            prefill_ticks=lambda tokens, d=device: to_ticks(self.cost.prefill_s(d, tokens)),
+            scheduling=self._scheduling,
+            truth=self.workload.true_output_tokens,
+            hooks=hooks,
+            version=version,
+        )
+        inst = self.instances[instance_id] = _Instance(engine, pool, to_seconds(self.env.now))
+        self.env.process(engine.run())
+        return inst
+
+    def _view(self, inst: _Instance) -> InstanceView:
+        e = inst.engine
+        return InstanceView(
+            instance_id=e.config.instance_id,
+            hardware=inst.pool.hardware,
+            tp=inst.pool.tp,
+            datacenter=inst.pool.datacenter,
+            max_num_seqs=e.config.max_num_seqs,
+            kv_capacity_tokens=e.config.kv_capacity_tokens,
+            version=e.version,
+        )
+
+    def _make_trainer(self) -> SimTrainer:
+        t = self.cluster.trainer
+        device = Device(t.hardware, t.num_gpus)
+        return SimTrainer(
+            self.env,
+            train_ticks=lambda tokens: to_ticks(self.cost.train_s(device, tokens)),
+            optimizer_ticks=to_ticks(self.cost.optimizer_s(device)),
+            on_step_done=self._step_done,
+            on_span=self.spans.append,
+        )
+
+    def _make_controller(self) -> Controller:
+        s = self.spec
+        predictor = PREDICTORS.create(
+            s.policies.length_predictor,
+            truth=self.workload.true_output_tokens,
+            target_recall=s.policies.predictor_recall,
+            rng=self.rngs.get("predictor"),
+            calibration_lengths=list(self.workload.sample_lengths(NUM_CALIBRATION_SAMPLES)),
+        )
+        dispatch = DISPATCH.create(
+            s.policies.dispatch,
+            rng=self.rngs.get("dispatch"),
+            cost_model=self.cost,
+            objective=s.policies.dispatch_objective,
+            long_tail_fraction=s.policies.long_tail_fraction,
+        )
+        allocation = build_allocation(s)
+        scaling = allocation if hasattr(allocation, "instances_to_add") else None
+        return build_controller(
+            s,
+            self.workload,
+            predictor,
+            dispatch,
+            [self._view(i) for i in self.instances.values()],
+            micro_batch_samples=self.cluster.trainer.num_gpus * s.algorithm.micro_batch_per_gpu,
+            scaling=scaling,  # type: ignore[arg-type]
+        )
+
+    # -- events in, commands out ----------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, SampleFinished):
+            self.completions[event.completion.sample_id] = event.completion
+        for command in self.controller.handle(event):
+            self._execute(command)
+
+    def _execute(self, command: Command) -> None:
+        self._handlers[type(command)](command)
+
+    def _dispatch(self, command: Dispatch) -> None:
+        self.instances[command.instance_id].engine.submit(command.requests)
+
+    def _aborted(self, instance_id: int, requests: list[Request]) -> None:
+        self.emit(RequestsAborted(to_seconds(self.env.now), instance_id, tuple(requests)))
+
+    def _step_done(self, stats: StepStats) -> None:
+        self.steps.append(stats)
+        if self._on_step is not None:
+            self._on_step(stats.step)
+        self.emit(TrainStepDone(to_seconds(self.env.now), stats))
+
+    def _push_weights(self, command: PushWeights) -> None:
+        num_bytes = self.cost.model.weight_bytes
+        source = self.cluster.trainer.datacenter
+        used_links: set[str] = set()
+        for inst in self.instances.values():
+            transfer = self._transfer_s(num_bytes, source, inst.pool.datacenter)
+            load = num_bytes / inst.pool.tp / hardware(inst.pool.hardware).hbm_bytes_per_s
+            in_flight = command.inflight != InflightHandling.BARRIER
+            pause = (transfer if in_flight else 0.0) + load
+            inst.engine.push_weights(
+                command.version, command.inflight, to_ticks(pause), to_ticks(transfer)
+            )
+            link = f"link-{source}-{inst.pool.datacenter}"
+            if link not in used_links:
+                used_links.add(link)
+                now = to_seconds(self.env.now)
+                self.spans.append(
+                    Span(link, SpanKind.WEIGHT_SYNC, now, now + transfer, command.version - 1, None)
+                )
+
+    def _transfer_s(self, num_bytes: float, source: str, target: str) -> float:
+        net = self.spec.cluster.network
+        local = self.cost.weight_transfer_s(num_bytes, net.intra_dc_gbps, net.latency_s)
+        if source == target:
+            return local
+        return local + self.cost.weight_transfer_s(num_bytes, net.inter_dc_gbps, net.latency_s)
+
+    def _switch_context(self, command: SwitchContext) -> None:
+        self.env.process(self._switch_proc(command))
+
+    def _switch_proc(self, command: SwitchContext):  # noqa: ANN202 - SimPy process
+        start = to_seconds(self.env.now)
+        pool = self.cluster.generation[0]
+        switch_s = self.cost.context_switch_s(
+            self.cluster.trainer.num_gpus, pool.tp, self.spec.cluster.network.pcie_gb_per_s
+        )
+        yield self.env.timeout(to_ticks(switch_s))
+        for name in ["trainer", *(i.engine.name for i in self.instances.values())]:
+            self.spans.append(Span(name, SpanKind.CONTEXT_SWITCH, start, to_seconds(self.env.now)))
+        if command.to == Phase.GENERATE:  # colocated weights are local: onloaded, not sent
+            for inst in self.instances.values():
+                inst.engine.version = len(self.steps)
+        self.emit(ContextSwitched(to_seconds(self.env.now), command.to))
+
+    def _scale_out(self, command: ScaleOut) -> None:
+        self.env.process(self._scale_proc(command.num_instances))
+
+    def _scale_proc(self, count: int):  # noqa: ANN202 - SimPy process
+        yield self.env.timeout(to_ticks(self.spec.sim.instance_start_s))
+        pool = self.cluster.generation[0]
+        for _ in range(count):
+            inst = self._add_instance(pool, version=self.controller.latest_version)
+            self.emit(InstanceAdded(to_seconds(self.env.now), self._view(inst)))
+
+    # -- result ---------------------------------------------------------------------------
+
+    def result(self, wall_s: float) -> RunResult:
+        end_s = to_seconds(self.env.now)
+        samples = [
+            self._record(c) for c in sorted(self.completions.values(), key=lambda c: c.sample_id)
+        ]
+        gen = {i.engine.name: i.start_s for i in self.instances.values()}
+        metrics = compute_metrics(
+            samples,
+            self.spans,
+            end_s,
+            gen,
+            self.colocated,
+            self.spec.run.iterations,
+            self._cost_units(),
+        )
+        metrics["sim_wall_s"] = wall_s
+        steps = [
+            {
+                "step": s.step,
+                "start_s": s.start_s,
+                "end_s": s.end_s,
+                "num_samples": s.num_samples,
+                "num_tokens": s.num_tokens,
+                **s.extra,
+            }
+            for s in self.steps
+        ]
+        return RunResult(self.spec, metrics, samples, self.spans, steps)
+
+    def _record(self, c: Completion) -> SampleRecord:
+        r = c.request
+        step = self.controller.train_step_of.get(c.sample_id)
+        return SampleRecord(
+            sample_id=r.sample_id,
+            prompt_id=r.prompt_id,
+            group_id=r.group_id,
+            iteration=r.iteration,
+            instance_id=c.instance_id,
+            prompt_tokens=r.prompt_tokens,
+            output_tokens=c.output_tokens,
+            predicted_output_tokens=r.predicted_tokens,
+            dispatch_s=c.dispatch_s,
+            gen_start_s=c.gen_start_s,
+            gen_end_s=c.gen_end_s,
+            train_step=step,
+            version_start=c.version_start,
+            version_end=c.version_end,
+            version_trained=step,
+            reward=None,
+        )
+
+    def _cost_units(self) -> float | None:
+        """GPU cost in H20-GPU units (colocated GPUs are counted once)."""
+        pools = [(p.hardware, p.num_gpus) for p in self.cluster.generation]
+        if not self.colocated:
+            pools.append((self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))
+        costs = [hardware(hw).cost_per_gpu_rel_h20 for hw, _ in pools]
+        if any(c is None for c in costs):
+            return None
+        return sum(c * n for c, (_, n) in zip(costs, pools))  # type: ignore[operator]

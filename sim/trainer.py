@@ -1,0 +1,94 @@
+"""The trainer as a SimPy process: a FIFO of forward/backward jobs and optimizer steps.
+
+Modelling assumptions: data parallel over the trainer's GPUs with token-balanced
+micro-batches (time = tokens × FLOPs per token / (GPUs × peak × MFU)); the optimizer step
+is memory-bound; jobs run in the order the controller issued them, so a stream mode's
+micro-batches for step s+1 wait behind step s's optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import simpy
+
+from policies.modes.events import OptimizerStep, TrainSamples
+from policies.records import Span, SpanKind, StepStats
+from sim.costs import to_seconds
+
+Proc = Generator[simpy.Event, object, None]
+
+
+@dataclass(slots=True)
+class _StepProgress:
+    start_ticks: int | None = None
+    busy_ticks: int = 0
+    num_samples: int = 0
+    num_tokens: int = 0
+
+
+class SimTrainer:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        train_ticks: Callable[[int], int],
+        optimizer_ticks: int,
+        on_step_done: Callable[[StepStats], None],
+        on_span: Callable[[Span], None],
+    ) -> None:
+        self.env = env
+        self._train_ticks = train_ticks
+        self._optimizer_ticks = optimizer_ticks
+        self._on_step_done = on_step_done
+        self._on_span = on_span
+        self.jobs: simpy.Store = simpy.Store(env)
+        self._progress: dict[int, _StepProgress] = {}
+
+    def submit(self, job: TrainSamples | OptimizerStep) -> None:
+        self.jobs.put(job)
+
+    def run(self) -> Proc:
+        while True:
+            job = yield self.jobs.get()
+            progress = self._progress.setdefault(job.step, _StepProgress())
+            start = self.env.now
+            if progress.start_ticks is None:
+                progress.start_ticks = start
+            if isinstance(job, TrainSamples):
+                yield from self._forward_backward(job, progress)
+            else:
+                yield self.env.timeout(self._optimizer_ticks)
+                progress.busy_ticks += self.env.now - start
+            self._on_span(
+                Span(
+                    "trainer",
+                    SpanKind.TRAIN,
+                    to_seconds(start),
+                    to_seconds(self.env.now),
+                    job.step,
+                    getattr(job, "completions", None) and len(job.completions),
+                )
+            )
+            if isinstance(job, OptimizerStep):
+                self._on_step_done(self._stats(job.step, self._progress.pop(job.step)))
+
+    def _forward_backward(self, job: TrainSamples, progress: _StepProgress) -> Proc:
+        tokens = sum(c.request.prompt_tokens + c.output_tokens for c in job.completions)
+        start = self.env.now
+        yield self.env.timeout(self._train_ticks(tokens))
+        progress.busy_ticks += self.env.now - start
+        progress.num_samples += len(job.completions)
+        progress.num_tokens += tokens
+
+    def _stats(self, step: int, progress: _StepProgress) -> StepStats:
+        assert progress.start_ticks is not None
+        return StepStats(
+            step=step,
+            version=step + 1,
+            num_samples=progress.num_samples,
+            num_tokens=progress.num_tokens,
+            start_s=to_seconds(progress.start_ticks),
+            end_s=to_seconds(self.env.now),
+            extra={"busy_s": to_seconds(progress.busy_ticks)},
+        )
