@@ -102,3 +102,14 @@ class NoisyOraclePredictor:
         true = np.array([max(1, self._truth(r)) for r in requests], dtype=float)
         noise = self._rng.standard_normal(len(true)) * self.sigma
         return [float(x) for x in np.exp(np.log(true) + noise)]
+
+
+@PREDICTORS.register("ranker")
+def _ranker(ranker: LengthPredictor | None = None, **_: object) -> LengthPredictor:
+    """The learned output-length ranker (``ranker/``), built by the caller and passed in."""
+    if ranker is None:
+        raise ValueError(
+            "length_predictor 'ranker' needs a fitted ranker: run through the tandem CLI, "
+            "which trains one on the workload's trace (sim) or the run's completions (live)"
+        )
+    return ranker

@@ -235,6 +235,12 @@ class LiveSection(_Section):
     max_model_len: int = Field(512, ge=16)
     temperature: float = Field(1.0, ge=0)
     checkpoint_every: int = Field(1, ge=1)
+    server_urls: list[str] | None = Field(
+        None, description="attach to running servers (base URLs) instead of starting num_servers"
+    )
+    micro_batch_samples: int = Field(8, ge=1, description="samples per trainer micro-batch")
+    trainer_threads: int = Field(1, ge=1, description="torch threads of the trainer process")
+    startup_timeout_s: float = Field(300.0, gt=0, description="wait for a server's /health")
 
 
 class RunSpec(_Section):

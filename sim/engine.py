@@ -204,7 +204,8 @@ class GenerationEngine:
         admitted: list[Seq] = []
         while self._waiting and len(self._running) < self.config.max_num_seqs:
             seq = self._waiting[0][-1]
-            if self._ctx + seq.kv_tokens + 1 > self.config.kv_capacity_tokens:
+            # room for its KV and for one more token of every running sequence
+            if self._ctx + seq.kv_tokens + len(self._running) + 1 > self.config.kv_capacity_tokens:
                 break
             heapq.heappop(self._waiting)
             self._start(seq)

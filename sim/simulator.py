@@ -38,7 +38,7 @@ from policies.modes.events import (
     WeightsLoaded,
 )
 from policies.predictors import PREDICTORS
-from policies.protocols import Device
+from policies.protocols import Device, LengthPredictor
 from policies.records import (
     Completion,
     InflightHandling,
@@ -72,13 +72,19 @@ class _Instance:
 class Simulation:
     """``Simulation(spec).run()`` returns a :class:`RunResult`; construction does nothing."""
 
-    def __init__(self, spec: RunSpec, fast_forward: bool | None = None) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        fast_forward: bool | None = None,
+        ranker: LengthPredictor | None = None,
+    ) -> None:
         self.spec = spec
         self.fast_forward = spec.sim.fast_forward if fast_forward is None else fast_forward
+        self.ranker = ranker  # for ``length_predictor: ranker``, fitted by the caller
 
     def run(self, on_step: Callable[[int], None] | None = None) -> RunResult:
         wall0 = time.perf_counter()
-        world = _World(self.spec, self.fast_forward, on_step)
+        world = _World(self.spec, self.fast_forward, on_step, self.ranker)
         world.env.process(world.trainer.run())
         world.emit(Start(0.0))
         world.env.run(until=world.done)
@@ -107,7 +113,14 @@ def resolve_cluster(spec: RunSpec, cost: RooflineCostModel, workload: Workload) 
 
 
 class _World:
-    def __init__(self, spec: RunSpec, fast_forward: bool, on_step: Callable[[int], None] | None):
+    def __init__(
+        self,
+        spec: RunSpec,
+        fast_forward: bool,
+        on_step: Callable[[int], None] | None,
+        ranker: LengthPredictor | None = None,
+    ):
+        self._ranker = ranker
         self.env = simpy.Environment()
         self.done = self.env.event()
         self.rngs = RngStreams(spec.run.seed)
@@ -199,6 +212,7 @@ class _World:
             target_recall=s.policies.predictor_recall,
             rng=self.rngs.get("predictor"),
             calibration_lengths=list(self.workload.sample_lengths(NUM_CALIBRATION_SAMPLES)),
+            ranker=self._ranker,
         )
         dispatch = DISPATCH.create(
             s.policies.dispatch,

@@ -1,0 +1,43 @@
+"""``tandem bench sim``: simulator speed, in simulated samples per wall-clock second."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from policies.modes import MODES
+from policies.spec import RunSpec
+from sim.simulator import Simulation
+
+
+def bench_sim(spec: RunSpec, iterations: int = 10, ratio_iterations: int = 1) -> dict[str, Any]:
+    """Every mode for ``iterations``; fast-forward vs step-by-step on ``ratio_iterations``."""
+    out: dict[str, Any] = {"spec": spec.run.name, "iterations": iterations, "modes": {}}
+    for mode in MODES.names():
+        s = _with(spec, mode, iterations)
+        t0 = time.perf_counter()
+        result = Simulation(s).run()
+        wall = time.perf_counter() - t0
+        out["modes"][mode] = {
+            "wall_s": round(wall, 3),
+            "simulated_samples_per_wall_s": round(result.metrics["num_samples_trained"] / wall, 1),
+            "throughput_samples_per_s": round(result.metrics["throughput_samples_per_s"], 4),
+        }
+    ratio_spec = _with(spec, "stream-sync", ratio_iterations)
+    walls = {}
+    for ff in (True, False):
+        t0 = time.perf_counter()
+        Simulation(ratio_spec, fast_forward=ff).run()
+        walls[ff] = time.perf_counter() - t0
+    out["fast_forward_speedup"] = round(walls[False] / walls[True], 1)
+    out["fast_forward_scenario"] = f"{spec.run.name}, stream-sync, {ratio_iterations} iteration(s)"
+    return out
+
+
+def _with(spec: RunSpec, mode: str, iterations: int) -> RunSpec:
+    return spec.model_copy(
+        update={
+            "pipeline": spec.pipeline.model_copy(update={"mode": mode}),
+            "run": spec.run.model_copy(update={"iterations": iterations}),
+        }
+    )

@@ -1,0 +1,210 @@
+"""The ``tandem`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from policies.results import RunResult
+from policies.spec import RunSpec, SpecError, load_spec
+
+DEFAULT_SPEC = "streamrl-7b"
+SUMMARY_KEYS = [
+    "throughput_samples_per_s",
+    "throughput_tokens_per_s",
+    "generation_utilization",
+    "trainer_utilization",
+    "pipeline_bubble_s",
+    "skewness_bubble_s",
+    "mean_staleness",
+    "max_staleness",
+    "num_samples_trained",
+    "generation_time_s",
+    "iteration_time_s",
+    "cost_normalized_throughput",
+]
+
+console = Console()
+
+
+def config_path(name: str) -> Path:
+    """A spec path, or the name of a shipped config (``streamrl-7b``, ``live-tiny``...)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    shipped = Path(str(resources.files("experiments") / "configs" / f"{path.stem}.yaml"))
+    if shipped.exists():
+        return shipped
+    raise SpecError(f"spec {name!r} is neither a file nor a shipped config")
+
+
+def _load(args: argparse.Namespace) -> RunSpec:
+    return load_spec(config_path(args.spec), args.set)
+
+
+def _out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
+    if args.out:
+        return Path(args.out)
+    return Path("runs") / f"{spec.run.name}-{spec.pipeline.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def print_summary(result: RunResult, out: Path) -> None:
+    table = Table(title=f"{result.spec.run.name} · {result.spec.pipeline.mode}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in SUMMARY_KEYS:
+        value = result.metrics.get(key)
+        table.add_row(key, "—" if value is None else f"{value:.4g}")
+    console.print(table)
+    console.print(f"results in [bold]{out}[/bold]")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from experiments.plots import timeline
+
+    spec = _load(args)
+    out = _out_dir(args, spec)
+    if args.live:
+        from runtime.launcher import run_live
+
+        result = run_live(spec, out)
+    else:
+        from rich.progress import Progress
+
+        from sim.simulator import Simulation
+
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("simulating", total=spec.run.iterations)
+            result = Simulation(spec).run(on_step=lambda _: bar.advance(task))
+    result.save(out)
+    timeline(result, out / "timeline.png")
+    print_summary(result, out)
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from experiments.plots import sweep_summary
+    from experiments.sweep import parse_grid, run_sweep
+
+    spec = _load(args)
+    axes = [parse_grid(g) for g in args.grid]
+    out = Path(args.out)
+    frame = run_sweep(spec, axes, out, workers=args.workers)
+    failed = frame["error"].notna().sum()
+    sweep_summary(frame, [a.key for a in axes], out / "summary.png")
+    console.print(f"{len(frame)} points, {failed} failed; results in [bold]{out}[/bold]")
+    for _, row in frame[frame["error"].notna()].iterrows():
+        console.print(f"[red]point {row['point']} failed[/red]: {row['error']}")
+    return 1 if failed == len(frame) else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "sim":
+        from experiments.bench import bench_sim
+
+        spec = load_spec(
+            config_path(args.spec or "streamrl-72b"),
+            ["workload.max_output_tokens=20000", *args.set],
+        )
+        report = bench_sim(spec, iterations=args.iterations)
+    else:
+        from runtime.bench import bench_live
+
+        report = bench_live(load_spec(config_path(args.spec or "live-tiny"), args.set))
+    print(json.dumps(report))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from runtime.server import serve_main
+
+    serve_main(args.model_dir, host=args.host, port=args.port, token=args.token)
+    return 0
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from runtime.model import ensure_tiny_model
+
+    print(ensure_tiny_model(seed=args.seed))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_spec(p: argparse.ArgumentParser, default: str | None) -> None:
+        p.add_argument(
+            "spec",
+            nargs="?" if default else None,
+            default=default,
+            help=f"spec YAML or shipped config name (default: {default})",
+        )
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a spec key, e.g. pipeline.mode=stream-sync",
+        )
+
+    run = sub.add_parser("run", help="simulate (or, with --live, really run) one spec")
+    with_spec(run, DEFAULT_SPEC)
+    run.add_argument("--out", help="result directory (default: runs/NAME-MODE-TIME)")
+    run.add_argument("--live", action="store_true", help="real vLLM servers and torch trainer")
+    run.set_defaults(func=cmd_run)
+
+    sweep = sub.add_parser("sweep", help="simulate every combination of a grid")
+    with_spec(sweep, None)
+    sweep.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2")
+    sweep.add_argument("--workers", type=int, default=2)
+    sweep.add_argument("--out", required=True)
+    sweep.set_defaults(func=cmd_sweep)
+
+    bench = sub.add_parser("bench", help="benchmarks; the last line printed is JSON")
+    bench.add_argument("target", choices=["sim", "live"])
+    bench.add_argument("spec", nargs="?", default=None)
+    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    bench.add_argument("--iterations", type=int, default=10)
+    bench.set_defaults(func=cmd_bench)
+
+    serve = sub.add_parser("serve", help="a vLLM generation server with the PipelineRL routes")
+    serve.add_argument("model_dir")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8400)
+    serve.add_argument("--token", default=None, help="bearer token of the control routes")
+    serve.set_defaults(func=cmd_serve)
+
+    model = sub.add_parser("model", help="the embedded tiny model")
+    model.add_argument("action", choices=["path"])
+    model.add_argument("--seed", type=int, default=0)
+    model.set_defaults(func=cmd_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return handler(args)
+    except SpecError as err:
+        console.print(f"[red]spec error[/red]: {err}")
+        return 2
+    except ValueError as err:  # user mistakes found while building the run
+        console.print(f"[red]error[/red]: {err}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

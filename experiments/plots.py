@@ -1,0 +1,89 @@
+"""Plots of run results (matplotlib is imported only under experiments/)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from policies.results import RunResult, write_atomic  # noqa: E402
+
+KIND_COLORS = {
+    "prefill": "#f5a623",
+    "decode": "#4a90d9",
+    "train": "#7ed321",
+    "weight_sync": "#d0021b",
+    "context_switch": "#9013fe",
+    "idle": "#eeeeee",
+}
+
+
+def _resource_order(names: list[str]) -> list[str]:
+    def key(name: str) -> tuple[int, int, str]:
+        if name == "trainer":
+            return (0, 0, name)
+        if name.startswith("gen-"):
+            return (1, int(name.split("-")[1]), name)
+        return (2, 0, name)
+
+    return sorted(set(names), key=key)
+
+
+def save_figure(fig: plt.Figure, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+
+
+def timeline(result: RunResult, path: Path, max_resources: int = 48) -> Path:
+    """Gantt chart of every resource: bubbles are the white gaps and grey idle spans."""
+    spans = result.spans_frame()
+    names = _resource_order(list(spans["resource"]))
+    if len(names) > max_resources:  # keep the trainer, links and the first instances
+        gens = [n for n in names if n.startswith("gen-")]
+        keep = set(names) - set(gens[max_resources:])
+        names = [n for n in names if n in keep]
+    fig, ax = plt.subplots(figsize=(12, 1.5 + 0.28 * len(names)))
+    for row, name in enumerate(names):
+        own = spans[spans["resource"] == name]
+        for kind, group in own.groupby("kind"):
+            bars = list(zip(group["start_s"], group["end_s"] - group["start_s"]))
+            ax.broken_barh(bars, (row - 0.4, 0.8), color=KIND_COLORS.get(str(kind), "#999"))
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since run start (s)")
+    title = f"{result.spec.run.name}: {result.spec.pipeline.mode}"
+    ax.set_title(f"{title} — {result.metrics['throughput_samples_per_s']:.3g} samples/s")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLORS.values()]
+    ax.legend(handles, KIND_COLORS.keys(), loc="upper right", fontsize=7, ncol=6)
+    save_figure(fig, path)
+    return path
+
+
+def sweep_summary(
+    frame: pd.DataFrame, keys: list[str], path: Path, metric: str = "throughput_samples_per_s"
+) -> Path:
+    """The metric against the first grid key, one line per combination of the others."""
+    ok = frame[frame["error"].isna()] if "error" in frame else frame
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    x, rest = keys[0], keys[1:]
+    groups = ok.groupby(rest) if rest else [((), ok)]
+    for label, group in groups:
+        group = group.sort_values(x)
+        name = ", ".join(
+            f"{k}={v}" for k, v in zip(rest, label if isinstance(label, tuple) else (label,))
+        )
+        ax.plot(group[x].astype(str), group[metric], marker="o", label=name or metric)
+    ax.set_xlabel(x)
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_title(f"sweep: {metric}")
+    if rest:
+        ax.legend(fontsize=7)
+    save_figure(fig, path)
+    return path
