@@ -103,7 +103,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     console.print(f"{len(frame)} points, {failed} failed; results in [bold]{out}[/bold]")
     for _, row in frame[frame["error"].notna()].iterrows():
         console.print(f"[red]point {row['point']} failed[/red]: {row['error']}")
-    return 1 if failed == len(frame) else 0
+    if failed == len(frame):
+        spec_errors = frame["error"].str.startswith("SpecError").all()
+        return 2 if spec_errors else 1
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

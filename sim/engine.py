@@ -300,7 +300,7 @@ class GenerationEngine:
         )
 
     def _span(self, kind: SpanKind, start: int, batch_size: int | None) -> None:
-        iteration = min((s.request.iteration for _, _, s in self._running), default=None)
+        iteration = self._running[0][2].request.iteration if self._running else None
         self._hooks.span(
             Span(
                 self.name, kind, to_seconds(start), to_seconds(self.env.now), iteration, batch_size

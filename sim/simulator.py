@@ -364,8 +364,8 @@ class _World:
         )
 
     def _cost_units(self) -> float | None:
-        """GPU cost in H20-GPU units (colocated GPUs are counted once)."""
-        pools = [(p.hardware, p.num_gpus) for p in self.cluster.generation]
+        """GPU cost in H20-GPU units, elastic instances included (colocated GPUs once)."""
+        pools = [(i.pool.hardware, i.pool.tp) for i in self.instances.values()]
         if not self.colocated:
             pools.append((self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))
         costs = [hardware(hw).cost_per_gpu_rel_h20 for hw, _ in pools]

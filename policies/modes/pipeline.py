@@ -9,6 +9,7 @@ once, loaded in flight (``keep``: pause, load, resume with KV cache kept;
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from policies.modes.base import Controller
@@ -35,7 +36,7 @@ class PipelineController(Controller):
         self._next_iteration = 0
         self._num_started = 0
         self._started_version: dict[int, int] = {}  # sample id -> version counted in budget
-        self._ready: list[Completion] = []  # finished, not yet placed in a step
+        self._ready: list[tuple[int, float, int, Completion]] = []  # heap: finished, unplaced
         self._handlers = {
             Start: self._on_start,
             SampleFinished: self._on_sample,
@@ -58,7 +59,7 @@ class PipelineController(Controller):
         c = self._note_finished(event)
         counted = self._started_version.pop(c.sample_id)
         self.budget.retarget(counted, max(counted, c.version_start))
-        self._ready.append(c)
+        heapq.heappush(self._ready, (c.version_start, c.gen_end_s or 0.0, c.sample_id, c))
         return self._place_ready() + self._fill()
 
     def _on_step_done(self, event: TrainStepDone) -> list[Command]:
@@ -134,9 +135,8 @@ class PipelineController(Controller):
     def _place_ready(self) -> list[Command]:
         """Place finished samples earliest-deadline-first while the budget allows."""
         out: list[Command] = []
-        self._ready.sort(key=lambda c: (c.version_start, c.gen_end_s or 0.0, c.sample_id))
-        while self._ready and self.budget.can_place(self._ready[0].version_start):
-            c = self._ready.pop(0)
+        while self._ready and self.budget.can_place(self._ready[0][0]):
+            c = heapq.heappop(self._ready)[-1]
             step = self.budget.step
             out += self._train(step, c)
             if self.budget.place(c.version_start):
