@@ -199,13 +199,22 @@ class PoliciesSection(_Section):
 
 
 class EfficiencySection(_Section):
-    """Engine-efficiency assumptions of the roofline cost model (fractions of peak)."""
+    """Engine-efficiency assumptions of the roofline cost model (fractions of peak).
+
+    Defaults: ``decode_memory`` is an assumption (vLLM decode reaching 80 % of peak HBM
+    bandwidth); ``step_overhead_s`` and ``decode_compute`` are fitted to StreamRL's
+    published 7B/H800 decode profile (Fig. 6) by ``sim.calibration.fit_ptl_profile``, which
+    then reproduces every point within 4 %. The profile is additive (flat, then linear in
+    batch size), so decode compute and memory time add (``decode_time: sum``); ``max`` is
+    the ideal-overlap roofline.
+    """
 
     decode_memory: float = Field(0.8, gt=0, le=1, description="achieved / peak HBM bandwidth")
-    decode_compute: float = Field(0.5, gt=0, le=1, description="decode achieved / peak FLOP/s")
+    decode_compute: float = Field(0.292, gt=0, le=1, description="decode achieved / peak FLOP/s")
+    decode_time: Literal["sum", "max"] = Field("sum", description="combine compute and memory")
     prefill_compute: float = Field(0.6, gt=0, le=1)
     train_mfu: float = Field(0.4, gt=0, le=1, description="training model-FLOPs utilisation")
-    step_overhead_s: float = Field(0.003, ge=0, description="fixed cost per decode step")
+    step_overhead_s: float = Field(0.00283, ge=0, description="fixed cost per decode step")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
 
 

@@ -2,11 +2,12 @@
 
 Modelling assumptions (roofline):
 
-* Decode step of ``n`` sequences holding ``ctx`` tokens of KV on ``tp`` GPUs:
-  ``max(compute, memory)`` with compute = ``2·P·n + 4·L·h·ctx`` FLOPs at
-  ``decode_compute`` of peak and memory = weights + KV bytes at ``decode_memory`` of peak
-  HBM bandwidth, plus a fixed ``step_overhead_s`` (scheduler, sampling, launches).
-  Both terms are affine in ``ctx``, which is what makes exact fast-forward possible.
+* Decode step of ``n`` sequences holding ``ctx`` tokens of KV on ``tp`` GPUs: compute =
+  ``2·P·n + 4·L·h·ctx`` FLOPs at ``decode_compute`` of peak, memory = weights + KV bytes
+  at ``decode_memory`` of peak HBM bandwidth, combined as ``compute + memory`` (default,
+  what vLLM's measured profile shows) or ``max(compute, memory)`` (ideal overlap), plus a
+  fixed ``step_overhead_s`` (scheduler, sampling, launches). Every term is affine in
+  ``ctx``, which is what makes exact fast-forward possible.
 * Prefill is compute-bound (``2·P`` FLOPs per token at ``prefill_compute``); the
   quadratic attention term is ignored (prompts are short next to outputs).
 * Training costs ``k·P`` FLOPs per token at ``train_mfu`` over the trainer's GPUs, with
@@ -117,13 +118,24 @@ class RooflineCostModel:
         m, e = self.model, self.eff
         flops = tp * hw.bf16_flops * e.decode_compute
         bw = tp * hw.hbm_bytes_per_s * e.decode_memory
+        compute0 = 2 * m.num_params * n / flops
+        compute1 = 4 * m.num_layers * m.hidden_size / flops  # attention, per context token
+        memory0, memory1 = m.weight_bytes / bw, m.kv_bytes_per_token / bw
         overhead = e.step_overhead_s
+        if e.decode_time == "sum":
+            return DecodeLaw(
+                n=n,
+                p0=to_ticks(overhead + compute0 + memory0),
+                p1=to_ticks(compute1 + memory1),
+                q0=0,
+                q1=0,
+            )
         return DecodeLaw(
             n=n,
-            p0=to_ticks(overhead + 2 * m.num_params * n / flops),
-            p1=to_ticks(4 * m.num_layers * m.hidden_size / flops),
-            q0=to_ticks(overhead + m.weight_bytes / bw),
-            q1=to_ticks(m.kv_bytes_per_token / bw),
+            p0=to_ticks(overhead + compute0),
+            p1=to_ticks(compute1),
+            q0=to_ticks(overhead + memory0),
+            q1=to_ticks(memory1),
         )
 
     # -- CostModel protocol (seconds) -----------------------------------------------------
