@@ -140,6 +140,20 @@ def cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from experiments.calibrate import calibrate
+
+    fits = calibrate(Path(args.profile_dir), Path(args.out))
+    table = Table(title="held-out error per operator")
+    for col in ("operator", "model", "held-out MAPE"):
+        table.add_column(col)
+    for name, c in fits.items():
+        table.add_row(name, "+".join(c.fit.bases), f"{c.fit.heldout_mape:.2%}")
+    console.print(table)
+    console.print(f"cost model in [bold]{args.out}[/bold] (use sim.cost_model=profiled:{args.out})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8400)
     serve.add_argument("--token", default=None, help="bearer token of the control routes")
     serve.set_defaults(func=cmd_serve)
+
+    calib = sub.add_parser("calibrate", help="fit the simulator's cost model to a profile")
+    calib.add_argument("profile_dir")
+    calib.add_argument("--out", required=True, help="directory for cost_model.json and plots")
+    calib.set_defaults(func=cmd_calibrate)
 
     model = sub.add_parser("model", help="the embedded tiny model")
     model.add_argument("action", choices=["path"])

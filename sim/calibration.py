@@ -17,6 +17,7 @@ from scipy.optimize import least_squares
 
 from policies.protocols import Device
 from policies.spec import EfficiencySection
+from sim.calibrated import OperatorFit
 from sim.costs import RooflineCostModel
 from sim.tables import data_path, model
 
@@ -68,3 +69,125 @@ def fit_ptl_profile(
     return PtlFit(
         eff, tuple(map(int, n)), tuple(map(float, measured)), tuple(map(float, predicted))
     )
+
+
+# -- calibration of the live runtime's profile (``tandem calibrate``) --------------------
+
+OPERATOR_TABLES: dict[str, tuple[str, dict[str, str], str, list[tuple[str, ...]]]] = {
+    # operator: (csv file, basis input -> column, target column, candidate basis sets)
+    "decode": (
+        "decode.csv",
+        {"n": "batch_size", "ctx": "context_tokens"},
+        "step_s",
+        [("1", "n"), ("1", "n", "ctx"), ("1", "n", "n^2"), ("1", "n", "n^2", "ctx")],
+    ),
+    "prefill": (
+        "prefill.csv",
+        {"tokens": "num_tokens"},
+        "prefill_s",
+        [("1", "tokens"), ("1", "tokens", "tokens^2")],
+    ),
+    "forward": (
+        "train.csv",
+        {"tokens": "num_tokens"},
+        "forward_s",
+        [("1", "tokens"), ("1", "tokens", "tokens^2")],
+    ),
+    "backward": (
+        "train.csv",
+        {"tokens": "num_tokens"},
+        "backward_s",
+        [("1", "tokens"), ("1", "tokens", "tokens^2")],
+    ),
+    "optimizer": ("train.csv", {}, "optimizer_s", [("1",)]),
+    "weight_transfer": (
+        "weight_sync.csv",
+        {"bytes": "num_bytes"},
+        "transfer_s",
+        [("1",), ("1", "bytes")],
+    ),
+    "weight_pause": (
+        "weight_sync.csv",
+        {"bytes": "num_bytes"},
+        "pause_s",
+        [("1",), ("1", "bytes")],
+    ),
+}
+
+
+@dataclass(slots=True)
+class OperatorCalibration:
+    name: str
+    fit: OperatorFit
+    candidates: dict[str, float]  # basis set -> held-out MAPE
+    measured_s: np.ndarray
+    heldout_predicted_s: np.ndarray  # each point predicted by a fit that did not see it
+
+
+def _design(frame: pd.DataFrame, inputs: dict[str, str], bases: tuple[str, ...]) -> np.ndarray:
+    from sim.calibrated import BASES
+
+    rows = [{k: r[c] for k, c in inputs.items()} for _, r in frame.iterrows()]
+    return np.array([[BASES[b](x) for b in bases] for x in rows], dtype=float)
+
+
+def _heldout(x: np.ndarray, y: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Out-of-fold predictions (k-fold, k ≤ 5) of a non-negative least-squares fit."""
+    from sklearn.linear_model import LinearRegression
+    from sklearn.model_selection import KFold
+
+    out = np.empty_like(y)
+    folds = KFold(n_splits=min(5, len(y)), shuffle=True, random_state=seed)
+    for train, test in folds.split(x):
+        model = LinearRegression(fit_intercept=False, positive=True).fit(x[train], y[train])
+        out[test] = model.predict(x[test])
+    return out
+
+
+def calibrate_operator(name: str, frame: pd.DataFrame) -> OperatorCalibration:
+    from sklearn.linear_model import LinearRegression
+
+    _, inputs, target, candidates = OPERATOR_TABLES[name]
+    missing = ({target} | set(inputs.values())) - set(frame.columns)
+    if missing:
+        raise ValueError(f"profile for {name}: missing column(s) {', '.join(sorted(missing))}")
+    if len(frame) < 2:
+        raise ValueError(f"profile for {name}: need at least 2 measurements, got {len(frame)}")
+    y = frame[target].to_numpy(float)
+    scores, preds = {}, {}
+    for bases in candidates:
+        x = _design(frame, inputs, bases)
+        preds[bases] = _heldout(x, y)
+        scores[bases] = float(np.mean(np.abs(preds[bases] - y) / y))
+    best = min(candidates, key=lambda b: (round(scores[b], 3), len(b)))  # simpler on ties
+    model = LinearRegression(fit_intercept=False, positive=True)
+    model.fit(_design(frame, inputs, best), y)
+    fit = OperatorFit(best, tuple(float(c) for c in model.coef_), scores[best])
+    return OperatorCalibration(
+        name, fit, {"+".join(b): s for b, s in scores.items()}, y, preds[best]
+    )
+
+
+def calibrate_profile(profile_dir: Path) -> dict[str, OperatorCalibration]:
+    """Fit every operator of a ``tandem profile`` directory."""
+    out = {}
+    for name, (filename, *_rest) in OPERATOR_TABLES.items():
+        path = profile_dir / filename
+        if not path.exists():
+            raise ValueError(f"profile {profile_dir}: {filename} is missing")
+        out[name] = calibrate_operator(name, pd.read_csv(path))
+    return out
+
+
+def cost_model_document(fits: dict[str, OperatorCalibration], profile: dict) -> dict:
+    from sim.calibrated import COST_MODEL_FORMAT, COST_MODEL_VERSION
+
+    return {
+        "format": COST_MODEL_FORMAT,
+        "version": COST_MODEL_VERSION,
+        "weight_bytes": profile["weight_bytes"],
+        "kv_capacity_tokens": profile["kv_capacity_tokens"],
+        "source": profile,
+        "operators": {name: c.fit.to_dict() for name, c in fits.items()},
+        "candidates": {name: c.candidates for name, c in fits.items()},
+    }

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -94,6 +95,22 @@ class DecodeLaw:
         return lo
 
 
+class SimCostModel(Protocol):
+    """What the simulator needs of a cost model, beyond ``policies.protocols.CostModel``."""
+
+    weight_bytes: float
+
+    def decode_law(self, device: Device, n: int) -> DecodeLaw: ...
+    def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float: ...
+    def prefill_s(self, device: Device, num_tokens: int) -> float: ...
+    def train_s(self, device: Device, num_tokens: int) -> float: ...
+    def optimizer_s(self, device: Device) -> float: ...
+    def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float: ...
+    def weight_load_s(self, device: Device) -> float: ...
+    def kv_capacity_tokens(self, device: Device) -> int: ...
+    def context_switch_s(self, num_gpus: int, tp: int, pcie_gb_per_s: float) -> float: ...
+
+
 class RooflineCostModel:
     def __init__(
         self, model_spec: Model, efficiency: EfficiencySection, algorithm: str, kl: bool = False
@@ -103,6 +120,7 @@ class RooflineCostModel:
         self.train_flops_per_token = 18.0 if algorithm == "ppo" else 6.0 + (2.0 if kl else 0.0)
         self.train_flops_per_token *= model_spec.num_params
         self.num_trained_models = 2 if algorithm == "ppo" else 1
+        self.weight_bytes = model_spec.weight_bytes
         self._laws: dict[tuple[str, int, int], DecodeLaw] = {}
 
     # -- exact decode law for the engine --------------------------------------------------
@@ -164,6 +182,11 @@ class RooflineCostModel:
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
         return num_bytes * 8 / (gbps * 1e9) + latency_s
 
+    def weight_load_s(self, device: Device) -> float:
+        """Copy received weights into the engine's parameters (one HBM pass)."""
+        bw = hardware(device.hardware).hbm_bytes_per_s * self.eff.decode_memory
+        return self.weight_bytes / device.num_gpus / bw
+
     # -- capacities and colocated switch ----------------------------------------------------
 
     def kv_capacity_tokens(self, device: Device) -> int:
@@ -211,16 +234,27 @@ class ProfiledCostModel(RooflineCostModel):
         return DecodeLaw(n=n, p0=to_ticks(self._step_s(n)), p1=0, q0=0, q1=0)
 
 
-def build_cost_model(spec: RunSpec) -> RooflineCostModel:
-    args = (
+def build_cost_model(spec: RunSpec) -> SimCostModel:
+    if spec.sim.cost_model == "roofline":
+        return RooflineCostModel(
+            model(spec.model.name),
+            spec.sim.efficiency,
+            spec.algorithm.name,
+            spec.algorithm.kl_coef > 0,
+        )
+    path = Path(spec.sim.cost_model.removeprefix("profiled:"))
+    if not path.exists():
+        raise ValueError(f"sim.cost_model: profile {path} does not exist")
+    if path.is_dir():
+        path = path / "cost_model.json"
+    if path.suffix == ".json":
+        from sim.calibrated import CalibratedCostModel
+
+        return CalibratedCostModel.load(path)
+    return ProfiledCostModel(
+        path,
         model(spec.model.name),
         spec.sim.efficiency,
         spec.algorithm.name,
         spec.algorithm.kl_coef > 0,
     )
-    if spec.sim.cost_model == "roofline":
-        return RooflineCostModel(*args)
-    path = Path(spec.sim.cost_model.removeprefix("profiled:"))
-    if not path.exists():
-        raise ValueError(f"sim.cost_model: profile table {path} does not exist")
-    return ProfiledCostModel(path, *args)

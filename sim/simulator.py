@@ -53,9 +53,9 @@ from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.scheduling import SCHEDULING
 from policies.spec import ClusterSection, GenerationPool, RunSpec
-from sim.costs import RooflineCostModel, build_cost_model, to_seconds, to_ticks
+from sim.costs import SimCostModel, build_cost_model, to_seconds, to_ticks
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine
-from sim.tables import hardware
+from sim.tables import hardware_table
 from sim.trainer import SimTrainer
 from sim.workload import Workload
 
@@ -91,7 +91,7 @@ class Simulation:
         return world.result(time.perf_counter() - wall0)
 
 
-def resolve_cluster(spec: RunSpec, cost: RooflineCostModel, workload: Workload) -> ClusterSection:
+def resolve_cluster(spec: RunSpec, cost: SimCostModel, workload: Workload) -> ClusterSection:
     """The cluster that runs: colocated modes share every GPU, allocation may re-split."""
     cluster = spec.cluster
     if MODES.create(spec.pipeline.mode).colocated:
@@ -257,12 +257,12 @@ class _World:
         self.emit(TrainStepDone(to_seconds(self.env.now), stats))
 
     def _push_weights(self, command: PushWeights) -> None:
-        num_bytes = self.cost.model.weight_bytes
+        num_bytes = self.cost.weight_bytes
         source = self.cluster.trainer.datacenter
         used_links: set[str] = set()
         for inst in self.instances.values():
             transfer = self._transfer_s(num_bytes, source, inst.pool.datacenter)
-            load = num_bytes / inst.pool.tp / hardware(inst.pool.hardware).hbm_bytes_per_s
+            load = self.cost.weight_load_s(Device(inst.pool.hardware, inst.pool.tp))
             in_flight = command.inflight != InflightHandling.BARRIER
             pause = (transfer if in_flight else 0.0) + load
             inst.engine.push_weights(
@@ -368,7 +368,8 @@ class _World:
         pools = [(i.pool.hardware, i.pool.tp) for i in self.instances.values()]
         if not self.colocated:
             pools.append((self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))
-        costs = [hardware(hw).cost_per_gpu_rel_h20 for hw, _ in pools]
+        table = hardware_table()
+        costs = [table[hw].cost_per_gpu_rel_h20 if hw in table else None for hw, _ in pools]
         if any(c is None for c in costs):
             return None
         return sum(c * n for c, (_, n) in zip(costs, pools))  # type: ignore[operator]

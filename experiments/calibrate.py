@@ -1,0 +1,50 @@
+"""``tandem calibrate PROFILE_DIR --out DIR``: fit the simulator's cost model to a profile.
+
+Writes ``DIR/cost_model.json`` (load it with ``sim.cost_model: profiled:DIR``),
+``DIR/errors.json`` (held-out mean absolute percentage error per operator and candidate)
+and one parity plot per operator (``DIR/parity-<operator>.png``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from experiments.plots import save_figure
+from policies.results import write_atomic
+from sim.calibration import OperatorCalibration, calibrate_profile, cost_model_document
+
+
+def parity_plot(c: OperatorCalibration, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ms = c.measured_s * 1e3
+    ps = c.heldout_predicted_s * 1e3
+    ax.scatter(ms, ps, s=14)
+    lo, hi = min(ms.min(), ps.min()), max(ms.max(), ps.max())
+    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1)
+    ax.set_xlabel("measured (ms)")
+    ax.set_ylabel("predicted, held out (ms)")
+    ax.set_title(f"{c.name}: {'+'.join(c.fit.bases)}, MAPE {c.fit.heldout_mape:.1%}")
+    save_figure(fig, path)
+
+
+def calibrate(profile_dir: Path, out: Path) -> dict[str, OperatorCalibration]:
+    profile = json.loads((profile_dir / "profile.json").read_text())
+    fits = calibrate_profile(profile_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    document = cost_model_document(fits, profile)
+    write_atomic(out / "cost_model.json", json.dumps(document, indent=2).encode())
+    errors = {
+        name: {
+            "chosen": "+".join(c.fit.bases),
+            "heldout_mape": c.fit.heldout_mape,
+            "candidates": c.candidates,
+        }
+        for name, c in fits.items()
+    }
+    write_atomic(out / "errors.json", json.dumps(errors, indent=2).encode())
+    for name, c in fits.items():
+        parity_plot(c, out / f"parity-{name}.png")
+    return fits
