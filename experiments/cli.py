@@ -79,11 +79,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from rich.progress import Progress
 
+        from experiments.predictors import ranker_for
         from sim.simulator import Simulation
 
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("simulating", total=spec.run.iterations)
-            result = Simulation(spec).run(on_step=lambda _: bar.advance(task))
+            sim = Simulation(spec, ranker=ranker_for(spec))
+            result = sim.run(on_step=lambda _: bar.advance(task))
     result.save(out)
     timeline(result, out / "timeline.png")
     print_summary(result, out)
@@ -99,7 +101,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
     frame = run_sweep(spec, axes, out, workers=args.workers)
     failed = frame["error"].notna().sum()
-    sweep_summary(frame, [a.key for a in axes], out / "summary.png")
+    if failed < len(frame):
+        sweep_summary(frame, [a.key for a in axes], out / "summary.png")
     console.print(f"{len(frame)} points, {failed} failed; results in [bold]{out}[/bold]")
     for _, row in frame[frame["error"].notna()].iterrows():
         console.print(f"[red]point {row['point']} failed[/red]: {row['error']}")
@@ -154,6 +157,31 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from experiments.reproduce import reproduce
+
+    out = Path(args.out or f"runs/reproduce-{args.study}{'-quick' if args.quick else ''}")
+    start = time.perf_counter()
+    report = reproduce(args.study, out, args.quick, args.workers, console)
+    console.print(f"report in [bold]{report}[/bold] ({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+def cmd_ranker(args: argparse.Namespace) -> int:
+    from experiments import predictors
+
+    if args.action == "fit":
+        console.print(
+            predictors.fit_command(Path(args.trace), Path(args.out), args.model, args.before)
+        )
+        return 0
+    json_path = Path(args.json) if args.json else None
+    report = predictors.eval_command(Path(args.model_file), Path(args.trace), json_path)
+    console.print(predictors.eval_table(report))
+    console.print(f"metrics in [bold]{report['json_path']}[/bold]")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("target", choices=["sim", "live"])
     bench.add_argument("spec", nargs="?", default=None)
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    bench.add_argument("--iterations", type=int, default=10)
+    bench.add_argument(
+        "--iterations", type=int, default=None, help="iterations per mode (default: 10 sim, 6 live)"
+    )
     bench.set_defaults(func=cmd_bench)
 
     serve = sub.add_parser("serve", help="a vLLM generation server with the PipelineRL routes")
@@ -204,6 +234,29 @@ def build_parser() -> argparse.ArgumentParser:
     calib.add_argument("profile_dir")
     calib.add_argument("--out", required=True, help="directory for cost_model.json and plots")
     calib.set_defaults(func=cmd_calibrate)
+
+    repro = sub.add_parser("reproduce", help="reproduce a paper's throughput study as a report")
+    repro.add_argument("study", choices=["streamrl", "pipelinerl"])
+    repro.add_argument("--quick", action="store_true", help="fewer iterations and points (≤ 60 s)")
+    repro.add_argument("--out", help="report directory (default: runs/reproduce-STUDY)")
+    repro.add_argument("--workers", type=int, default=2, help="parallel simulation processes")
+    repro.set_defaults(func=cmd_reproduce)
+
+    ranker = sub.add_parser("ranker", help="the output-length ranker: fit and evaluate")
+    ranker_sub = ranker.add_subparsers(dest="action", required=True)
+    fit = ranker_sub.add_parser("fit", help="fit a ranker on a trace (samples.parquet or CSV)")
+    fit.add_argument(
+        "trace", help="samples.parquet of a run, or CSV/parquet of prompt,output_tokens"
+    )
+    fit.add_argument("--out", required=True, help="model file to write")
+    fit.add_argument("--model", choices=["hgb", "ridge"], default="hgb")
+    fit.add_argument("--before", type=int, default=None, help="fit on iterations < this only")
+    fit.set_defaults(func=cmd_ranker)
+    evaluate = ranker_sub.add_parser("eval", help="recall, rank correlation, timings")
+    evaluate.add_argument("model_file", metavar="MODEL")
+    evaluate.add_argument("trace", metavar="TRACE")
+    evaluate.add_argument("--json", help="metrics JSON to write (default: MODEL.eval.json)")
+    evaluate.set_defaults(func=cmd_ranker)
 
     model = sub.add_parser("model", help="the embedded tiny model")
     model.add_argument("action", choices=["path"])

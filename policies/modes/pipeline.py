@@ -4,7 +4,10 @@ Instances keep up to ``max_num_seqs`` sequences running; the trainer takes an
 optimizer step every ``batch_size`` finished samples and pushes the new weights at
 once, loaded in flight (``keep``: pause, load, resume with KV cache kept;
 ``abort-resubmit``; ``drain``). ``max_lag`` bounds staleness exactly through the
-:class:`~policies.modes.lag.LagBudget`.
+:class:`~policies.modes.lag.LagBudget`, counted in whole groups: a group (the
+``group_size`` samples of one prompt, needed together for GRPO's group-mean advantage)
+is placed into one optimizer step once all its samples finished, with the deadline of
+its oldest sample.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ from policies.records import Completion, Request
 class PipelineController(Controller):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.budget = LagBudget(self.config.batch_size, self.config.max_lag)
+        self.budget = LagBudget(
+            self.config.batch_size // self.config.group_size, self.config.max_lag
+        )
         self._pending: deque[Request] = deque()  # prompts fetched, not yet dispatched
         self._next_iteration = 0
         self._num_started = 0
-        self._started_version: dict[int, int] = {}  # sample id -> version counted in budget
-        self._ready: list[tuple[int, float, int, Completion]] = []  # heap: finished, unplaced
+        self._counted_version: dict[int, int] = {}  # group id -> version counted in the budget
+        self._finished: dict[int, list[Completion]] = {}  # group id -> its finished samples
+        self._ready: list[tuple[int, float, int, list[Completion]]] = []  # heap of whole groups
         self._handlers = {
             Start: self._on_start,
             SampleFinished: self._on_sample,
@@ -57,9 +63,15 @@ class PipelineController(Controller):
 
     def _on_sample(self, event: SampleFinished) -> list[Command]:
         c = self._note_finished(event)
-        counted = self._started_version.pop(c.sample_id)
-        self.budget.retarget(counted, max(counted, c.version_start))
-        heapq.heappush(self._ready, (c.version_start, c.gen_end_s or 0.0, c.sample_id, c))
+        group = self._finished.setdefault(c.request.group_id, [])
+        group.append(c)
+        if len(group) < self.config.group_size:
+            return self._fill()
+        del self._finished[c.request.group_id]
+        counted = self._counted_version.pop(c.request.group_id)
+        oldest = min(m.version_start for m in group)
+        self.budget.retarget(counted, max(counted, oldest))
+        heapq.heappush(self._ready, (max(counted, oldest), event.time_s, c.request.group_id, group))
         return self._place_ready() + self._fill()
 
     def _on_step_done(self, event: TrainStepDone) -> list[Command]:
@@ -74,14 +86,11 @@ class PipelineController(Controller):
         return self._fill()
 
     def _on_aborted(self, event: RequestsAborted) -> list[Command]:
+        """Dispatch aborted requests again; their group keeps its (older) counted version."""
         for r in event.requests:
             view = self.views[event.instance_id]
             view.num_assigned -= 1
             view.assigned_tokens -= r.predicted_tokens or 0.0
-        version = self._min_version()
-        for r in event.requests:
-            self.budget.retarget(self._started_version[r.sample_id], version)
-            self._started_version[r.sample_id] = version
         return self._dispatch_to(list(event.requests), self._open_views() or self._all_views())
 
     def _on_added(self, event: InstanceAdded) -> list[Command]:
@@ -119,12 +128,11 @@ class PipelineController(Controller):
             not self.finished
             and self._num_started < self._total_samples
             and free >= size
-            and self.budget.can_start(version, size)
+            and self.budget.can_start(version)
         ):
             group = self._next_group()
-            self.budget.start(version, len(group))
-            for r in group:
-                self._started_version[r.sample_id] = version
+            self.budget.start(version)
+            self._counted_version[group[0].group_id] = version
             self._num_started += len(group)
             free -= len(group)
             batch += group
@@ -133,12 +141,13 @@ class PipelineController(Controller):
         return self._dispatch_to(self._predict(batch), self._open_views())
 
     def _place_ready(self) -> list[Command]:
-        """Place finished samples earliest-deadline-first while the budget allows."""
+        """Place finished groups earliest-deadline-first while the budget allows."""
         out: list[Command] = []
         while self._ready and self.budget.can_place(self._ready[0][0]):
-            c = heapq.heappop(self._ready)[-1]
+            version, _, _, group = heapq.heappop(self._ready)
             step = self.budget.step
-            out += self._train(step, c)
-            if self.budget.place(c.version_start):
+            for c in group:
+                out += self._train(step, c)
+            if self.budget.place(version):
                 out += self._close_step(step)
         return out

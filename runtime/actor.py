@@ -1,0 +1,257 @@
+"""The live actor: executes a pipeline-mode controller of ``policies.modes`` with asyncio.
+
+It feeds the controller events stamped with seconds from the run's start and carries
+out its commands:
+
+* ``Dispatch`` — one HTTP completion per request to that instance's server; each
+  completion is consumed the moment it returns (stream generation): reward from the
+  task, then ``SampleFinished``;
+* ``TrainSamples`` / ``OptimizerStep`` / ``PushWeights`` — jobs for the trainer process,
+  run strictly in order by one trainer task; a step answers ``TrainStepDone``, a push
+  answers ``WeightsLoaded`` for every instance;
+* ``SwitchContext`` (colocated) — training already waits for generation, so switching to
+  training is immediate; switching back loads the new weights on the servers;
+* ``Finish`` — stop.
+
+A resumed run (``step_offset`` > 0) drives a fresh controller whose steps, versions and
+iterations count from 0; the actor adds the offset at every boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from policies.modes.base import Controller
+from policies.modes.events import (
+    Command,
+    ContextSwitched,
+    Dispatch,
+    Event,
+    Finish,
+    OptimizerStep,
+    PushWeights,
+    SampleFinished,
+    Start,
+    SwitchContext,
+    TrainSamples,
+    TrainStepDone,
+    WeightsLoaded,
+)
+from policies.records import InflightHandling, Request, SpanKind
+from runtime.gen_client import Generated, GenerationClient
+from runtime.groups import GroupBook
+from runtime.recorder import Recorder
+from runtime.tasks import TaskSet
+from runtime.trainer_proc import PushResult, TrainerProcess
+
+
+@dataclass(slots=True, frozen=True)
+class ActorConfig:
+    group_size: int
+    step_offset: int = 0  # first global step of this (possibly resumed) run
+    checkpoint_path: str | None = None
+    checkpoint_every: int = 1
+    seed: int = 0
+
+
+class Actor:
+    def __init__(
+        self,
+        config: ActorConfig,
+        controller: Controller,
+        clients: dict[int, GenerationClient],
+        trainer: TrainerProcess,
+        tasks: TaskSet,
+        priority: Callable[[Request], float],
+        recorder: Recorder,
+    ) -> None:
+        self.config = config
+        self.controller = controller
+        self.clients = clients
+        self.trainer = trainer
+        self.tasks = tasks
+        self.priority = priority
+        self.recorder = recorder
+        self.groups = GroupBook(config.group_size)
+        self.pauses_s: list[float] = []
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._jobs: asyncio.Queue[Callable[[], Any]] = asyncio.Queue()
+        self._tasks: set[asyncio.Task] = set()
+        self._t0 = 0.0
+        self._time_offset_s = 0.0
+
+    # -- clock and boundaries -----------------------------------------------------------
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0 + self._time_offset_s
+
+    def _global(self, step_or_version: int) -> int:
+        return step_or_version + self.config.step_offset
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self, time_offset_s: float = 0.0) -> float:
+        """Drive the controller to ``Finish``; returns the run's end time (seconds)."""
+        self._t0, self._time_offset_s = time.perf_counter(), time_offset_s
+        trainer_task = asyncio.create_task(self._trainer_loop())
+        try:
+            await self._execute(self.controller.handle(Start(self.now())))
+            while not self.controller.finished:
+                event = await self._events.get()
+                if isinstance(event, _Failed):
+                    raise event.error
+                await self._execute(self.controller.handle(event))
+            return self.now()
+        finally:
+            trainer_task.cancel()
+            for t in list(self._tasks):
+                t.cancel()
+
+    async def _execute(self, commands: list[Command]) -> None:
+        for cmd in commands:
+            if isinstance(cmd, Dispatch):
+                self._dispatch(cmd)
+            elif isinstance(cmd, TrainSamples):
+                self._jobs.put_nowait(lambda c=cmd: self._train(c))
+            elif isinstance(cmd, OptimizerStep):
+                self._jobs.put_nowait(lambda c=cmd: self._step(c))
+            elif isinstance(cmd, PushWeights):
+                self._jobs.put_nowait(lambda c=cmd: self._push(c.version, c.inflight))
+            elif isinstance(cmd, SwitchContext):
+                self._jobs.put_nowait(lambda c=cmd: self._switch(c))
+            elif isinstance(cmd, Finish):
+                return
+            else:
+                raise ValueError(f"the live runtime cannot execute {type(cmd).__name__}")
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- generation -----------------------------------------------------------------------
+
+    def _dispatch(self, cmd: Dispatch) -> None:
+        dispatch_s = self.now()
+        for r in cmd.requests:
+            self.recorder.sent(cmd.instance_id, dispatch_s)
+            self._spawn(self._generate(cmd.instance_id, r, dispatch_s))
+
+    async def _generate(self, instance_id: int, request: Request, dispatch_s: float) -> None:
+        try:
+            out = await self.clients[instance_id].generate(
+                request, dispatch_s, self.now, int(self.priority(request)), self._seed(request)
+            )
+        except Exception as err:
+            self._events.put_nowait(_Failed(err))
+            return
+        self.recorder.returned(instance_id, self.now(), self._global(request.iteration))
+        c = self._finished(out)
+        self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
+
+    def _seed(self, request: Request) -> int:
+        return self.config.seed * 1_000_003 + request.sample_id
+
+    def _finished(self, out: Generated) -> Any:
+        c = out.completion
+        c.reward = self.tasks.reward(c.request.prompt_id, out.text)
+        self.recorder.completion(c)
+        self.groups.finished(c, out.prompt_ids)
+        # the controller counts versions from this run's start
+        return dataclasses.replace(
+            c, version_start=c.version_start - self.config.step_offset,
+            version_end=c.version_end - self.config.step_offset,
+        )  # fmt: skip
+
+    # -- training and weights (one job at a time, in command order) ------------------------
+
+    async def _trainer_loop(self) -> None:
+        while True:
+            job = await self._jobs.get()
+            try:
+                await job()
+            except Exception as err:
+                self._events.put_nowait(_Failed(err))
+                return
+
+    async def _train(self, cmd: TrainSamples) -> None:
+        step = self._global(cmd.step)
+        await self._run_train(step, self.groups.place(step, cmd.completions))
+
+    async def _run_train(self, step: int, items: list) -> None:
+        if not items:
+            return
+        start = self.now()
+        await self.trainer.call("train", items, start)
+        self.recorder.trained([it.sample_id for it in items], step)
+        self.recorder.span(
+            "trainer", SpanKind.TRAIN, start, self.now(), iteration=step, batch_size=len(items)
+        )
+
+    async def _step(self, cmd: OptimizerStep) -> None:
+        step = self._global(cmd.step)
+        await self._run_train(step, self.groups.close(step))
+        start = self.now()
+        stats = await self.trainer.call("step", step, start)
+        self.recorder.steps.append(dataclasses.asdict(stats))
+        path = self._checkpoint_for(step)
+        if path:
+            await self.trainer.call("checkpoint", path, self._data_position(step))
+        end = self.now()
+        self.recorder.span("trainer", SpanKind.TRAIN, start, end, iteration=step)
+        local = dataclasses.replace(stats, step=cmd.step, version=cmd.step + 1, end_s=end)
+        self._events.put_nowait(TrainStepDone(end, local))
+
+    def _checkpoint_for(self, step: int) -> str | None:
+        if self.config.checkpoint_path and (step + 1) % self.config.checkpoint_every == 0:
+            return self.config.checkpoint_path
+        return None
+
+    def _data_position(self, step: int) -> dict:
+        rec = self.recorder
+        return {
+            "next_step": step + 1,
+            "time_s": self.now(),
+            "samples": [
+                dataclasses.asdict(s) for s in rec.trained_samples() if s.train_step <= step
+            ],
+            "spans": [dataclasses.asdict(s) for s in rec.spans],
+            "steps": list(rec.steps),
+        }
+
+    async def _push(self, local_version: int, inflight: InflightHandling) -> None:
+        if inflight != InflightHandling.KEEP:  # barrier/drain: wait for running requests
+            while any(self.recorder.outstanding(i) for i in self.clients):
+                await asyncio.sleep(0.005)
+        await self.push_now(self._global(local_version))
+        for i in self.clients:
+            self._events.put_nowait(WeightsLoaded(self.now(), i, local_version))
+
+    async def push_now(self, version: int) -> PushResult:
+        start = self.now()
+        result: PushResult = await self.trainer.call("push_weights", version)
+        end = self.now()
+        self.pauses_s += result.pause_s
+        self.recorder.span("trainer", SpanKind.WEIGHT_SYNC, start, end)
+        for i, pause_s in zip(sorted(self.clients), result.pause_s):
+            self.recorder.span(f"gen-{i}", SpanKind.WEIGHT_SYNC, end - pause_s, end)
+        return result
+
+    async def _switch(self, cmd: SwitchContext) -> None:
+        start = self.now()
+        if cmd.to.value == "generate":
+            await self.push_now(self._global(self.controller.latest_version))
+        self.recorder.span("trainer", SpanKind.CONTEXT_SWITCH, start, self.now())
+        self._events.put_nowait(ContextSwitched(self.now(), cmd.to))
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A generation or trainer job failed: the run stops with this error."""
+
+    error: Exception

@@ -1,0 +1,82 @@
+"""HTTP client of one generation server: a request in, a :class:`Completion` out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from policies.records import Completion, FinishReason, Request
+from runtime.server import SERVED_MODEL_NAME
+
+
+@dataclass(slots=True, frozen=True)
+class Generated:
+    """A completion plus what only the live runtime knows about it."""
+
+    completion: Completion
+    text: str
+    prompt_ids: tuple[int, ...]
+
+
+def completion_body(request: Request, temperature: float, priority: int, seed: int | None) -> dict:
+    body = {
+        "model": SERVED_MODEL_NAME,
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "temperature": temperature,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "priority": priority,
+    }
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+class GenerationClient:
+    """Sends completions to one server (``instance_id``) over a shared connection pool."""
+
+    def __init__(self, instance_id: int, base_url: str, temperature: float) -> None:
+        self.instance_id = instance_id
+        self.base_url = base_url
+        self.temperature = temperature
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=600.0, limits=limits)
+
+    async def generate(
+        self, request: Request, dispatch_s: float, clock, priority: int = 0, seed: int | None = None
+    ) -> Generated:
+        if request.prompt is None:
+            raise ValueError(f"request {request.sample_id} has no prompt text")
+        start_s = clock()
+        body = completion_body(request, self.temperature, priority, seed)
+        resp = await self._http.post("/v1/completions", json=body)
+        end_s = clock()
+        resp.raise_for_status()
+        choice = resp.json()["choices"][0]
+        token_ids = tuple(choice["token_ids"])
+        completion = Completion(
+            request=request,
+            instance_id=self.instance_id,
+            output_tokens=len(token_ids),
+            finish_reason=FinishReason.LENGTH
+            if choice["finish_reason"] == "length"
+            else FinishReason.STOP,
+            version_start=int(resp.headers["x-tandem-version-start"]),
+            version_end=int(resp.headers["x-tandem-version-end"]),
+            dispatch_s=dispatch_s,
+            gen_start_s=start_s,
+            gen_end_s=end_s,
+            token_ids=token_ids,
+            logprobs=tuple(float(x) for x in choice["logprobs"]["token_logprobs"]),
+        )
+        return Generated(completion, choice["text"], tuple(choice["prompt_token_ids"]))
+
+    async def health(self) -> dict:
+        resp = await self._http.get("/health")
+        resp.raise_for_status()
+        return resp.json()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

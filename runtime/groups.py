@@ -1,0 +1,53 @@
+"""Groups and advantages: completions wait for their group before they are trained.
+
+A completion the controller places into step ``s`` becomes a :class:`TrainItem` once
+every sample of its group has a reward (advantage = reward − group mean). When step
+``s`` closes with a group still unfinished (possible only in ``pipeline`` mode, whose lag
+budget may split a group across steps), its placed samples use the mean over the group's
+samples finished so far.
+"""
+
+from __future__ import annotations
+
+from policies.records import Completion
+from runtime.trainer import TrainItem
+
+
+class GroupBook:
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self._rewards: dict[int, dict[int, float]] = {}  # group id -> sample id -> reward
+        self._pending: dict[int, list[Completion]] = {}  # step -> placed, group unfinished
+        self.prompt_ids: dict[int, tuple[int, ...]] = {}  # sample id -> prompt token ids
+
+    def finished(self, completion: Completion, prompt_ids: tuple[int, ...]) -> None:
+        rewards = self._rewards.setdefault(completion.request.group_id, {})
+        rewards[completion.sample_id] = completion.reward or 0.0
+        self.prompt_ids[completion.sample_id] = prompt_ids
+
+    def _complete(self, c: Completion) -> bool:
+        return len(self._rewards.get(c.request.group_id, {})) >= self.group_size
+
+    def place(self, step: int, completions: tuple[Completion, ...]) -> list[TrainItem]:
+        """Items ready to train in ``step`` (its earlier pending ones included)."""
+        pending = self._pending.setdefault(step, []) + list(completions)
+        ready = [c for c in pending if self._complete(c)]
+        self._pending[step] = [c for c in pending if not self._complete(c)]
+        return [self._item(c) for c in ready]
+
+    def close(self, step: int) -> list[TrainItem]:
+        """Everything still pending for ``step``, with partial group means."""
+        return [self._item(c) for c in self._pending.pop(step, [])]
+
+    def _item(self, c: Completion) -> TrainItem:
+        rewards = self._rewards[c.request.group_id]
+        mean = sum(rewards.values()) / len(rewards)
+        return TrainItem(
+            sample_id=c.sample_id,
+            prompt_ids=self.prompt_ids[c.sample_id],
+            output_ids=tuple(c.token_ids or ()),
+            logprobs_old=tuple(c.logprobs or ()),
+            advantage=(c.reward or 0.0) - mean,
+            reward=c.reward or 0.0,
+            version_start=c.version_start,
+        )

@@ -1,0 +1,250 @@
+"""``run_live``: one live run on local processes, resumable from its last checkpoint.
+
+Starts ``live.num_servers`` generation servers (or attaches to ``live.server_urls``) and
+the trainer as separate processes, generation pinned to the first half of this
+machine's cores and training to the second, joins the weight group, loads the trainer's
+weights on every server, drives the spec's pipeline-mode controller with the
+:class:`runtime.actor.Actor`, and returns a :class:`RunResult` (also saved to
+``out_dir``). Ctrl-C or a crash stops every process it started. A run directory holding
+``checkpoints/last.pt`` resumes after the last checkpointed step: trained samples come
+from the checkpoint, later ones are generated again with the same sample ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import sys
+from pathlib import Path
+
+from policies.dispatch import DISPATCH
+from policies.modes import MODES, build_controller
+from policies.predictors import PREDICTORS
+from policies.records import InflightHandling, InstanceView, Request, SampleRecord, Span, SpanKind
+from policies.results import RunResult, compute_metrics
+from policies.rng import RngStreams
+from policies.scheduling import SCHEDULING
+from policies.spec import RunSpec, load_spec
+from runtime.actor import Actor, ActorConfig
+from runtime.cost import TinyCostModel
+from runtime.gen_client import GenerationClient
+from runtime.procs import (
+    ServerProcess,
+    free_port,
+    split_cores,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
+from runtime.recorder import Recorder
+from runtime.tasks import TaskPromptSource, TaskSet
+from runtime.trainer import TrainerConfig
+from runtime.trainer_proc import ServerAddr, TrainerProcess
+
+
+class OffsetPrompts:
+    """A resumed run's prompt source: controller iteration ``i`` is global ``i + offset``."""
+
+    def __init__(self, source: TaskPromptSource, offset: int) -> None:
+        self.source = source
+        self.offset = offset
+
+    def batch(self, iteration: int) -> list[Request]:
+        return [
+            dataclasses.replace(r, iteration=iteration)
+            for r in self.source.batch(iteration + self.offset)
+        ]
+
+
+def model_dir_for(spec: RunSpec) -> str:
+    if spec.model.path:
+        return spec.model.path
+    from runtime.model import ensure_tiny_model
+
+    return str(ensure_tiny_model(spec.run.seed))
+
+
+def _check_supported(spec: RunSpec) -> None:
+    if (
+        spec.pipeline.mode == "pipeline"
+        and spec.pipeline.inflight == InflightHandling.ABORT_RESUBMIT
+    ):
+        raise ValueError(
+            "pipeline.inflight: 'abort-resubmit' is not implemented live; use keep or drain"
+        )
+    if spec.policies.length_predictor == "noisy-oracle" or spec.policies.allocation == "elastic":
+        pass  # both work: the oracle is the task's answer length; elastic never scales live
+
+
+def run_live(spec: RunSpec, out_dir: Path) -> RunResult:
+    """Run ``spec`` on real vLLM servers and a torch trainer; write and return the result."""
+    _check_supported(spec)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = model_dir_for(spec)
+    token = spec.live.token or secrets.token_hex(16)
+    gen_cores, train_cores = split_cores(spec.live.num_servers)
+    servers: list[ServerProcess] = []
+    trainer = TrainerProcess(_trainer_config(spec, model_dir), train_cores)
+    try:
+        urls = spec.live.server_urls or _start_servers(
+            spec, model_dir, token, gen_cores, out_dir, servers
+        )
+        trainer.start()
+        return asyncio.run(_run(spec, out_dir, trainer, urls, token))
+    finally:
+        trainer.stop()
+        for s in servers:
+            stop_server(s)
+
+
+def _trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
+    a = spec.algorithm
+    return TrainerConfig(
+        model_dir=model_dir, batch_size=a.batch_size, algorithm=a.name,
+        learning_rate=a.learning_rate, clip_epsilon=a.clip_epsilon, kl_coef=a.kl_coef,
+        seed=spec.run.seed, num_threads=spec.live.trainer_threads,
+    )  # fmt: skip
+
+
+def _start_servers(spec, model_dir, token, cores, out_dir, servers) -> list[str]:
+    live = spec.live
+    for i in range(live.num_servers):
+        servers.append(
+            start_server(
+                i,
+                model_dir,
+                live.host,
+                live.base_port + i,
+                token,
+                cores,
+                live.kv_cache_gib,
+                live.max_model_len,
+                spec.cluster.generation[0].max_num_seqs,
+                out_dir / "logs",
+            )  # fmt: skip
+        )
+    for s in servers:
+        wait_healthy(s, live.startup_timeout_s)
+    return [s.base_url for s in servers]
+
+
+async def _run(spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, token) -> RunResult:
+    ckpt = out_dir / "checkpoints" / "last.pt"
+    data = await trainer.call("initialise", str(ckpt))
+    recorder = Recorder()
+    offset, time_offset_s = 0, 0.0
+    if data is not None:
+        offset, time_offset_s = data["next_step"], data["time_s"]
+        recorder = _restored(data, offset)
+    addrs = [ServerAddr(u, token) for u in urls]
+    backend = "nccl" if spec.live.device == "cuda" else "gloo"
+    await trainer.call("join_group", addrs, "127.0.0.1", free_port(), backend)
+    clients = {i: GenerationClient(i, u, spec.live.temperature) for i, u in enumerate(urls)}
+    try:
+        end_s = time_offset_s
+        remaining = spec.run.iterations - offset
+        if remaining > 0:
+            actor = _make_actor(spec, clients, trainer, recorder, offset, str(ckpt))
+            await actor.push_now(offset)  # the servers serve the trainer's weights
+            end_s = await actor.run(time_offset_s)
+    finally:
+        for c in clients.values():
+            await c.aclose()
+    result = _result(spec, recorder, end_s, len(urls))
+    result.save(out_dir)
+    return result
+
+
+def _restored(data: dict, offset: int) -> Recorder:
+    recorder = Recorder(step_offset=offset)
+    samples = [SampleRecord(**s) for s in data["samples"]]
+    spans = [Span(**{**s, "kind": SpanKind(s["kind"])}) for s in data["spans"]]
+    recorder.restore(samples, spans, data["steps"])
+    return recorder
+
+
+def _make_actor(spec, clients, trainer, recorder, offset: int, ckpt: str) -> Actor:
+    streams = RngStreams(spec.run.seed)
+    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+    source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
+    local = spec.model_copy(deep=True)
+    local.run.iterations = spec.run.iterations - offset
+    controller = build_controller(
+        local, OffsetPrompts(source, offset), _predictor(spec, tasks, streams),
+        _dispatch(spec, streams), _views(spec, len(clients)), spec.live.micro_batch_samples,
+    )  # fmt: skip
+    config = ActorConfig(
+        group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
+        checkpoint_every=spec.live.checkpoint_every, seed=spec.run.seed,
+    )  # fmt: skip
+    scheduling = SCHEDULING.create(spec.policies.scheduling)
+    return Actor(config, controller, clients, trainer, tasks, scheduling.priority, recorder)
+
+
+def _predictor(spec: RunSpec, tasks: TaskSet, streams: RngStreams):
+    return PREDICTORS.create(
+        spec.policies.length_predictor,
+        truth=lambda r: tasks[r.prompt_id].expected_output_tokens,
+        rng=streams.get("predictor"),
+        target_recall=spec.policies.predictor_recall,
+        calibration_lengths=[p.expected_output_tokens for p in tasks.prompts],
+    )
+
+
+def _dispatch(spec: RunSpec, streams: RngStreams):
+    return DISPATCH.create(
+        spec.policies.dispatch,
+        rng=streams.get("dispatch"),
+        cost_model=TinyCostModel(),
+        objective=spec.policies.dispatch_objective,
+        long_tail_fraction=spec.policies.long_tail_fraction,
+    )
+
+
+def _views(spec: RunSpec, num_instances: int) -> list[InstanceView]:
+    pool = spec.cluster.generation[0]
+    return [
+        InstanceView(
+            i,
+            "cpu",
+            1,
+            pool.datacenter,
+            pool.max_num_seqs,
+            pool.max_num_seqs * spec.live.max_model_len,
+        )
+        for i in range(num_instances)
+    ]
+
+
+def _result(spec: RunSpec, recorder: Recorder, end_s: float, num_instances: int) -> RunResult:
+    samples = sorted(recorder.samples.values(), key=lambda s: s.sample_id)
+    spans = sorted(recorder.spans, key=lambda s: (s.start_s, s.resource))
+    metrics = compute_metrics(
+        samples, spans, end_s, {f"gen-{i}": 0.0 for i in range(num_instances)},
+        MODES.create(spec.pipeline.mode).colocated, spec.run.iterations, None,
+    )  # fmt: skip
+    metrics["live_wall_s"] = end_s
+    rewards = [s["mean_reward"] for s in recorder.steps if s.get("mean_reward") is not None]
+    metrics["mean_reward_first_fifth"], metrics["mean_reward_last_fifth"] = _fifths(rewards)
+    return RunResult(spec, metrics, samples, spans, steps=list(recorder.steps))
+
+
+def _fifths(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    k = max(1, len(values) // 5)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        raise SystemExit("usage: python -m runtime.launcher SPEC.yaml OUT_DIR [key=value ...]")
+    spec = load_spec(sys.argv[1], sys.argv[3:])
+    result = run_live(spec, Path(sys.argv[2]))
+    print(result.metrics)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The embedded tiny model: a Llama-config causal LM with a character-level tokenizer.
+
+Built offline, warm-started by supervised training on :mod:`runtime.tasks` (answers
+only, teacher forcing) for a fixed number of CPU steps, so rewards start clearly above
+zero but below one and RL has room to improve them. The build is a pure function of
+:class:`TinyModelConfig` (seed included) and is cached in
+``$TANDEM_CACHE/models/tiny-<hash>`` (default ``~/.cache/tandem``); it is built in a
+temporary directory and renamed into place, so a crash never leaves half a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.tasks import VOCAB, TaskPrompt, TaskSet
+
+BUILD_VERSION = 1  # bump when the build recipe changes
+
+
+@dataclass(slots=True, frozen=True)
+class TinyModelConfig:
+    seed: int = 0
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 2
+    num_heads: int = 4
+    vocab_size: int = 32  # >= len(VOCAB), padded
+    max_position_embeddings: int = 512
+    max_output_tokens: int = 128  # answer lengths seen in warm-start
+    sft_steps: int = 400
+    sft_batch: int = 48
+    sft_lr: float = 3e-3
+
+    def digest(self) -> str:
+        text = json.dumps({**dataclasses.asdict(self), "build": BUILD_VERSION}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    env = os.environ.get("TANDEM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tandem"
+
+
+def ensure_tiny_model(seed: int = 0, config: TinyModelConfig | None = None) -> Path:
+    """The cached model directory for ``config`` (default: seed ``seed``), built if absent."""
+    config = config or TinyModelConfig(seed=seed)
+    final = cache_root() / "models" / f"tiny-{config.digest()}"
+    if (final / "config.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".build-"))
+    try:
+        build_tiny_model(config, tmp)
+        os.replace(tmp, final)
+    except OSError:
+        if not (final / "config.json").exists():  # not lost to a concurrent build
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    return fast
+
+
+def _llama_config(config: TinyModelConfig):  # -> transformers.LlamaConfig
+    from transformers import LlamaConfig
+
+    eos = VOCAB.index("<eos>")
+    return LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=VOCAB.index("<pad>"),
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+
+
+def build_tiny_model(config: TinyModelConfig, out_dir: Path) -> None:
+    """Initialise from ``config.seed``, warm-start on the tasks, save HF files to ``out_dir``."""
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    if len(VOCAB) > config.vocab_size:
+        raise ValueError(f"vocab_size {config.vocab_size} < {len(VOCAB)} task symbols")
+    torch.manual_seed(config.seed)
+    model = LlamaForCausalLM(_llama_config(config))
+    tokenizer = build_tokenizer()
+    warm_start(model, tokenizer, config)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    eos = VOCAB.index("<eos>")
+    GenerationConfig(eos_token_id=eos, bos_token_id=eos, pad_token_id=0).save_pretrained(out_dir)
+
+
+def encode_example(tokenizer, prompt: TaskPrompt) -> tuple[list[int], list[int]]:
+    """Token ids of prompt + answer + <eos>, and the loss mask (1 on answer tokens)."""
+    prompt_ids = tokenizer.encode(prompt.text, add_special_tokens=False)
+    answer_ids = tokenizer.encode(prompt.answer, add_special_tokens=False)
+    ids = prompt_ids + answer_ids + [tokenizer.eos_token_id]
+    return ids, [0] * len(prompt_ids) + [1] * (len(answer_ids) + 1)
+
+
+def _sft_batch(tokenizer, prompts: list[TaskPrompt]):  # -> (ids, targets) tensors
+    import torch
+
+    encoded = [encode_example(tokenizer, p) for p in prompts]
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.zeros(len(encoded), width, dtype=torch.long)
+    targets = torch.full((len(encoded), width), -100, dtype=torch.long)
+    for row, (seq, mask) in enumerate(encoded):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        labels = torch.tensor([t if m else -100 for t, m in zip(seq, mask)])
+        targets[row, : len(seq) - 1] = labels[1:]
+    return ids, targets
+
+
+def warm_start(model, tokenizer, config: TinyModelConfig) -> list[float]:
+    """Supervised steps on fresh task prompts (seeded); returns the loss curve."""
+    import torch
+
+    tasks = TaskSet(
+        config.seed + 10_000, config.sft_steps * config.sft_batch, config.max_output_tokens
+    )
+    optim = torch.optim.AdamW(model.parameters(), lr=config.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(optim, config.sft_lr, total_steps=config.sft_steps)
+    losses = []
+    model.train()
+    for step in range(config.sft_steps):
+        chunk = list(tasks.prompts[step * config.sft_batch : (step + 1) * config.sft_batch])
+        ids, targets = _sft_batch(tokenizer, chunk)
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def main() -> None:
+    print(ensure_tiny_model())
+
+
+if __name__ == "__main__":
+    main()

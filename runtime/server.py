@@ -1,0 +1,227 @@
+"""The generation server: vLLM's own OpenAI-compatible app plus the PipelineRL contract.
+
+vLLM builds the app (``/v1/completions``, ``/v1/chat/completions``, ... on an
+``AsyncLLM`` engine); this module mounts on it:
+
+* ``POST /init_process_group`` — join the trainer's weight-broadcast group;
+* ``POST /request_weight_update`` — pause (keep), receive and load, resume; answers when
+  loaded (see :mod:`runtime.control`);
+* ``GET /health`` — replaces vLLM's, adding the served weight version;
+* ``GET /weights/checksums`` — checksums of the last loaded tensors (checkpoint layout);
+* the headers ``X-Tandem-Version-Start`` / ``X-Tandem-Version-End`` on every response: the
+  weight version when the request arrived and when its response started.
+
+Control routes need ``Authorization: Bearer <token>``. Binds 127.0.0.1 by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.middleware import Middleware
+
+from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
+from runtime.weight_sync import ParamMeta
+
+SERVED_MODEL_NAME = "tandem"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InitGroupBody(_Body):
+    master_addr: str
+    master_port: int = Field(ge=1, le=65535)
+    rank: int = Field(ge=1, description="this server's rank; the trainer is rank 0")
+    world_size: int = Field(ge=2)
+    backend: str = Field("gloo", pattern="^(gloo|nccl)$")
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class ParamBody(_Body):
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+class WeightUpdateBody(_Body):
+    version: int = Field(ge=0)
+    params: list[ParamBody] = Field(min_length=1, description="in broadcast order")
+    timeout_s: float = Field(120.0, gt=0)
+
+
+class UpdateResponse(_Body):
+    version: int
+    num_tensors: int
+    pause_s: float
+
+
+class HealthResponse(_Body):
+    status: str
+    version: int
+    num_updates: int
+    last_pause_s: float | None
+
+
+def _auth(token: str | None):
+    def check(authorization: str | None = Header(None)) -> None:
+        if token is None:
+            return
+        if authorization is None:
+            raise HTTPException(401, "missing Authorization: Bearer <token>")
+        if not secrets.compare_digest(authorization, f"Bearer {token}"):
+            raise HTTPException(403, "wrong bearer token")
+
+    return check
+
+
+def control_router(control: ServerControl, token: str | None) -> APIRouter:
+    guarded = [Depends(_auth(token))]
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> HealthResponse:
+        return HealthResponse(
+            status="ok",
+            version=control.version,
+            num_updates=control.num_updates,
+            last_pause_s=control.last_pause_s,
+        )
+
+    @router.post("/init_process_group", dependencies=guarded)
+    async def init_process_group(body: InitGroupBody) -> dict:
+        if body.rank >= body.world_size:
+            raise HTTPException(400, f"rank: {body.rank} must be < world_size {body.world_size}")
+        await control.join_group(
+            body.master_addr,
+            body.master_port,
+            body.rank,
+            body.world_size,
+            body.backend,
+            body.timeout_s,
+        )
+        return {"joined": True, "rank": body.rank}
+
+    @router.post("/request_weight_update", dependencies=guarded)
+    async def request_weight_update(body: WeightUpdateBody) -> UpdateResponse:
+        metas = [ParamMeta(p.name, tuple(p.shape), p.dtype) for p in body.params]
+        try:
+            result = await control.update(body.version, metas, body.timeout_s)
+        except UpdateRejected as err:
+            raise HTTPException(400, str(err)) from None
+        except Exception as err:  # the previous weights keep serving
+            raise HTTPException(500, f"weight update failed: {err}") from None
+        return UpdateResponse(
+            version=result.version, num_tensors=result.num_tensors, pause_s=result.pause_s
+        )
+
+    @router.get("/weights/checksums", dependencies=guarded)
+    async def checksums() -> dict:
+        return {"version": control.version, "checksums": await control.checksums()}
+
+    return router
+
+
+class VersionHeaders:
+    """ASGI middleware: weight version at a request's arrival and at its response start."""
+
+    def __init__(self, app, control: ServerControl) -> None:
+        self.app = app
+        self.control = control
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = str(self.control.version).encode()
+
+        async def send_with_version(message) -> None:
+            if message["type"] == "http.response.start":
+                end = str(self.control.version).encode()
+                headers = list(message.get("headers", []))
+                headers += [(b"x-tandem-version-start", start), (b"x-tandem-version-end", end)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_version)
+
+
+def mount_contract(app: FastAPI, control: ServerControl, token: str | None) -> None:
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
+    app.include_router(control_router(control, token))
+    # vLLM has already built the middleware stack: add ours and let Starlette rebuild it
+    app.user_middleware.insert(0, Middleware(VersionHeaders, control=control))
+    app.middleware_stack = None
+
+
+def vllm_args(
+    model_dir: str, host: str, port: int, max_model_len: int, max_num_seqs: int
+) -> argparse.Namespace:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    return parser.parse_args(
+        [
+            "--model", model_dir, "--host", host, "--port", str(port),
+            "--served-model-name", SERVED_MODEL_NAME, "--dtype", "float32",
+            "--enforce-eager", "--max-model-len", str(max_model_len),
+            "--worker-extension-cls", "runtime.weight_sync.WeightReceiver",
+            "--disable-uvicorn-access-log", "--max-logprobs", "1",
+            "--max-num-seqs", str(max_num_seqs), "--scheduling-policy", "priority",
+        ]
+    )  # fmt: skip
+
+
+async def _serve(args: argparse.Namespace, token: str | None) -> None:
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+
+    _, sock = setup_server(args, reuse_port=False)
+    async with build_async_engine_client(args) as engine:
+        tasks = await engine.get_supported_tasks()
+        app = build_app(args, tasks, engine.model_config)
+        control = ServerControl(engine, checkpoint_manifest(args.model))
+        mount_contract(app, control, token)
+        await init_app_state(engine, app.state, args, tasks)
+        shutdown = await serve_http(
+            app, sock=sock, host=args.host, port=args.port, log_level="warning", access_log=False
+        )
+    try:
+        await shutdown
+    finally:
+        sock.close()
+
+
+def serve_main(
+    model_dir: str, host: str = "127.0.0.1", port: int = 8400, token: str | None = None,
+    max_model_len: int = 512, max_num_seqs: int = 64,
+) -> None:  # fmt: skip
+    """Serve ``model_dir`` until interrupted (the ``tandem serve`` command)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    args = vllm_args(model_dir, host, port, max_model_len, max_num_seqs)
+    asyncio.run(_serve(args, token))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="tandem generation server")
+    parser.add_argument("model_dir")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8400)
+    parser.add_argument("--token", default=os.environ.get("TANDEM_TOKEN"))
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    ns = parser.parse_args()
+    serve_main(ns.model_dir, ns.host, ns.port, ns.token, ns.max_model_len, ns.max_num_seqs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Verifiable string tasks with long-tailed output lengths, for the tiny live model.
+
+Four families over a character vocabulary of 25 symbols (plus 3 special tokens):
+
+* ``R{k}:{s}=`` — repeat ``s`` (1–3 letters) ``k`` times; ``k`` is heavy-tailed
+  (log-normal), so a short prompt can ask for a very long answer;
+* ``E:{c1}{k1}{c2}{k2}..=`` — expand run-length code ``a3b12`` to ``aaabbbbbbbbbbbb``;
+* ``V:{s}=`` — reverse ``s``: output length equals the string's length;
+* ``N:{s}=`` — count the letters of ``s`` in decimal: a long prompt, a 1–2 token answer.
+
+Output length is set by *parsing* the prompt (multi-digit counts, their sum, the family),
+not by the prompt's length, so an output-length ranker has real work to do. Every draw
+comes from the named stream ``tasks`` of :class:`policies.rng.RngStreams`.
+
+The reward is verifiable: the share of answer positions matched exactly, over the longer
+of answer and completion — 1.0 exactly when the completion equals the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from policies.records import Request
+from policies.rng import RngStreams
+
+LETTERS = "abcdefgh"
+DIGITS = "0123456789"
+SYMBOLS = ":="
+FAMILY_CHARS = "REVN"
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+VOCAB: tuple[str, ...] = SPECIAL_TOKENS + tuple(LETTERS + DIGITS + SYMBOLS + FAMILY_CHARS)
+
+
+class Family(StrEnum):
+    REPEAT = "R"
+    EXPAND = "E"
+    REVERSE = "V"
+    COUNT = "N"
+
+
+@dataclass(slots=True, frozen=True)
+class TaskPrompt:
+    """One prompt of the task set, with its verifiable answer."""
+
+    prompt_id: int
+    text: str
+    family: Family
+    answer: str
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.text)  # one token per character
+
+    @property
+    def expected_output_tokens(self) -> int:
+        return len(self.answer) + 1  # the answer and <eos>
+
+
+def reward(prompt: TaskPrompt, completion_text: str) -> float:
+    """Share of answer characters matched position by position, over the longer string."""
+    answer = prompt.answer
+    longest = max(len(answer), len(completion_text))
+    if longest == 0:
+        return 1.0
+    hits = sum(a == b for a, b in zip(answer, completion_text))
+    return hits / longest
+
+
+def _word(rng: np.random.Generator, n: int) -> str:
+    return "".join(LETTERS[i] for i in rng.integers(0, len(LETTERS), size=n))
+
+
+def _heavy_count(rng: np.random.Generator, median: float, cap: int) -> int:
+    """A count from a log-normal with the given median (sigma 1.1), in [1, cap]."""
+    return int(np.clip(round(median * np.exp(1.1 * rng.standard_normal())), 1, max(1, cap)))
+
+
+def _repeat(rng: np.random.Generator, budget: int) -> tuple[str, str]:
+    s = _word(rng, int(rng.integers(1, 4)))
+    k = _heavy_count(rng, 4.0, budget // len(s))
+    return f"R{k}:{s}=", s * k
+
+
+def _expand(rng: np.random.Generator, budget: int) -> tuple[str, str]:
+    num_runs = int(rng.integers(2, 4))
+    letters = _word(rng, num_runs)
+    counts = [_heavy_count(rng, 3.0, max(1, budget // num_runs)) for _ in letters]
+    code = "".join(f"{c}{k}" for c, k in zip(letters, counts))
+    return f"E:{code}=", "".join(c * k for c, k in zip(letters, counts))
+
+
+def _reverse(rng: np.random.Generator, budget: int) -> tuple[str, str]:
+    s = _word(rng, int(rng.integers(2, min(16, max(3, budget)))))
+    return f"V:{s}=", s[::-1]
+
+
+def _count(rng: np.random.Generator, budget: int) -> tuple[str, str]:
+    s = _word(rng, int(rng.integers(3, 40)))
+    return f"N:{s}=", str(len(s))
+
+
+_MAKERS = {
+    Family.REPEAT: _repeat,
+    Family.EXPAND: _expand,
+    Family.REVERSE: _reverse,
+    Family.COUNT: _count,
+}
+_FAMILY_WEIGHTS = (0.35, 0.25, 0.2, 0.2)
+
+
+class TaskSet:
+    """``num_prompts`` deterministic prompts; answers fit in ``max_output_tokens`` (with <eos>)."""
+
+    def __init__(self, seed: int, num_prompts: int, max_output_tokens: int) -> None:
+        if num_prompts < 1:
+            raise ValueError(f"num_prompts must be >= 1, not {num_prompts}")
+        if max_output_tokens < 4:
+            raise ValueError(f"max_output_tokens must be >= 4, not {max_output_tokens}")
+        self.seed = seed
+        self.max_output_tokens = max_output_tokens
+        self._prompts = self._make(RngStreams(seed).get("tasks"), num_prompts)
+
+    def _make(self, rng: np.random.Generator, num_prompts: int) -> list[TaskPrompt]:
+        families = list(_MAKERS)
+        budget = self.max_output_tokens - 1
+        out = []
+        for prompt_id in range(num_prompts):
+            family = families[int(rng.choice(len(families), p=_FAMILY_WEIGHTS))]
+            text, answer = _MAKERS[family](rng, budget)
+            out.append(TaskPrompt(prompt_id, text, family, answer))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def __getitem__(self, prompt_id: int) -> TaskPrompt:
+        return self._prompts[prompt_id]
+
+    @property
+    def prompts(self) -> Sequence[TaskPrompt]:
+        return self._prompts
+
+    def reward(self, prompt_id: int, completion_text: str) -> float:
+        return reward(self._prompts[prompt_id], completion_text)
+
+
+class TaskPromptSource:
+    """The controller's ``PromptSource`` over a :class:`TaskSet`.
+
+    Iteration ``i`` takes ``batch_size / group_size`` prompts, each ``group_size`` times.
+    Prompts are visited in a fresh seeded order every epoch, so the same prompt ids come
+    back each epoch. Sample ids are ``i * batch_size + j``, group ids ``i * P + g``:
+    unique and a pure function of the iteration (a resumed run regenerates the same ids).
+    """
+
+    def __init__(self, tasks: TaskSet, batch_size: int, group_size: int) -> None:
+        if group_size < 1 or batch_size % group_size:
+            raise ValueError(
+                f"batch_size ({batch_size}) must be a positive multiple of group_size ({group_size})"
+            )
+        self.tasks = tasks
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self._streams = RngStreams(tasks.seed)
+        self._orders: dict[int, np.ndarray] = {}  # epoch -> prompt order
+
+    @property
+    def prompts_per_iteration(self) -> int:
+        return self.batch_size // self.group_size
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            rng = self._streams.get(f"epoch-{epoch}")
+            self._orders[epoch] = rng.permutation(len(self.tasks))
+        return self._orders[epoch]
+
+    def prompt_ids(self, iteration: int) -> list[int]:
+        per = self.prompts_per_iteration
+        n = len(self.tasks)
+        ids = []
+        for k in range(iteration * per, (iteration + 1) * per):
+            ids.append(int(self._order(k // n)[k % n]))
+        return ids
+
+    def batch(self, iteration: int) -> list[Request]:
+        out = []
+        for g, prompt_id in enumerate(self.prompt_ids(iteration)):
+            prompt = self.tasks[prompt_id]
+            group_id = iteration * self.prompts_per_iteration + g
+            for j in range(self.group_size):
+                sample_id = iteration * self.batch_size + g * self.group_size + j
+                out.append(
+                    Request(
+                        sample_id=sample_id,
+                        prompt_id=prompt_id,
+                        group_id=group_id,
+                        iteration=iteration,
+                        prompt_tokens=prompt.prompt_tokens,
+                        max_tokens=self.tasks.max_output_tokens,
+                        prompt=prompt.text,
+                    )
+                )
+        return out

@@ -1,0 +1,227 @@
+"""The torch trainer, implementing PipelineRL's trainer contract as a Python API.
+
+``initialise`` (load the Hugging Face weights, AdamW, optional frozen reference model) →
+``train`` (forward: token log-probs; backward: the RL objective of :mod:`runtime.loss`,
+accumulated) → ``step`` (optimizer step, returns :class:`StepStats`) → ``push_weights``
+(broadcast every tensor, in checkpoint layout, to every server through
+``/request_weight_update``). Checkpoints hold weights, optimizer, step and the caller's
+data position, and are written atomically (temporary file + ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from policies.records import StepStats
+from runtime.loss import effective_sample_size, rl_loss
+from runtime.weight_sync import WeightSender, params_meta
+
+
+@dataclass(slots=True, frozen=True)
+class TrainerConfig:
+    model_dir: str
+    batch_size: int  # sequences per optimizer step (the token weight is 1 / batch_size)
+    algorithm: str = "grpo"
+    learning_rate: float = 1e-4
+    clip_epsilon: float = 0.2
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    num_threads: int = 1
+
+
+@dataclass(slots=True, frozen=True)
+class TrainItem:
+    """One sample as the trainer sees it: prompt and output ids, old log-probs, advantage."""
+
+    sample_id: int
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    logprobs_old: tuple[float, ...]
+    advantage: float
+    reward: float
+    version_start: int
+
+
+@dataclass(slots=True)
+class _StepAccumulator:
+    num_samples: int = 0
+    num_tokens: int = 0
+    loss: float = 0.0
+    rewards: list[float] = field(default_factory=list)
+    lags: list[int] = field(default_factory=list)
+    weights: list[torch.Tensor] = field(default_factory=list)
+    busy_s: float = 0.0
+    start_s: float | None = None
+
+
+def _pad(rows: list[list[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def token_logprobs(model, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each output token given its prefix ([batch, max_out]) and the mask."""
+    seqs = [list(it.prompt_ids) + list(it.output_ids) for it in items]
+    ids = _pad(seqs, 0, torch.long)
+    logits = model(input_ids=ids).logits.float()
+    logp_all = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    width = max(len(it.output_ids) for it in items)
+    out = torch.zeros(len(items), width)
+    mask = torch.zeros(len(items), width)
+    rows = []
+    for i, it in enumerate(items):
+        p, n = len(it.prompt_ids), len(it.output_ids)
+        rows.append(logp_all[i, p - 1 : p - 1 + n])
+        mask[i, :n] = 1.0
+    out = torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows])
+    return out, mask
+
+
+class Trainer:
+    """One trainer process's model, optimizer and weight sender. No work in ``__init__``."""
+
+    def __init__(self, config: TrainerConfig) -> None:
+        self.config = config
+        self.model: Any = None
+        self.ref_model: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.version = 0  # optimizer steps taken
+        self.sender = WeightSender()
+        self._acc = _StepAccumulator()
+
+    def initialise(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(self.config.seed)
+        torch.set_num_threads(self.config.num_threads)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.config.model_dir, dtype=torch.float32
+        )
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.learning_rate)
+        if self.config.kl_coef > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.config.model_dir).eval()
+
+    # -- forward / backward ----------------------------------------------------------
+
+    def train(self, items: list[TrainItem], now_s: float) -> float:
+        """Forward and backward over one micro-batch, accumulated into the current step."""
+        if not items:
+            return 0.0
+        start = time.perf_counter()
+        acc = self._acc
+        acc.start_s = now_s if acc.start_s is None else acc.start_s
+        logp, mask = token_logprobs(self.model, items)
+        out = rl_loss(
+            logp,
+            _pad([list(it.logprobs_old) for it in items], 0.0, torch.float32),
+            torch.tensor([it.advantage for it in items]),
+            mask,
+            self.config.batch_size,
+            self.config.algorithm,
+            self.config.clip_epsilon,
+            self._ref_logprobs(items),
+            self.config.kl_coef,
+        )
+        out.loss.backward()
+        self._note(items, mask, out.loss, out.weights)
+        acc.busy_s += time.perf_counter() - start
+        return float(out.loss.detach())
+
+    def _ref_logprobs(self, items: list[TrainItem]) -> torch.Tensor | None:
+        if self.ref_model is None:
+            return None
+        with torch.no_grad():
+            return token_logprobs(self.ref_model, items)[0]
+
+    def _note(self, items: list[TrainItem], mask, loss, weights) -> None:
+        acc = self._acc
+        acc.num_samples += len(items)
+        acc.num_tokens += int(mask.sum()) + sum(len(it.prompt_ids) for it in items)
+        acc.loss += float(loss.detach())
+        acc.rewards += [it.reward for it in items]
+        acc.lags += [self.version - it.version_start for it in items]
+        acc.weights.append(weights)
+
+    def step(self, step: int, now_s: float) -> StepStats:
+        """Clip, apply and clear the accumulated gradient; the version becomes ``step + 1``."""
+        start = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version = step + 1
+        acc, self._acc = self._acc, _StepAccumulator()
+        busy_s = acc.busy_s + time.perf_counter() - start
+        weights = torch.cat(acc.weights) if acc.weights else torch.ones(0)
+        return StepStats(
+            step=step,
+            version=self.version,
+            num_samples=acc.num_samples,
+            num_tokens=acc.num_tokens,
+            start_s=acc.start_s if acc.start_s is not None else now_s,
+            end_s=now_s + busy_s,
+            loss=acc.loss,
+            mean_reward=sum(acc.rewards) / len(acc.rewards) if acc.rewards else None,
+            mean_lag=sum(acc.lags) / len(acc.lags) if acc.lags else None,
+            ess=effective_sample_size(weights),
+            extra={"busy_s": busy_s},
+        )
+
+    # -- weights -----------------------------------------------------------------------
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Every tensor in checkpoint layout (Hugging Face names), in broadcast order."""
+        return [(n, t.detach()) for n, t in self.model.state_dict().items()]
+
+    def weights_meta(self) -> list[dict]:
+        return [
+            {"name": m.name, "shape": list(m.shape), "dtype": m.dtype}
+            for m in params_meta(self.named_weights())
+        ]
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def save_checkpoint(self, path: Path, data: Any) -> None:
+        """Weights, optimizer, step and ``data`` (the caller's data position), atomically."""
+        state = {
+            "version": self.version,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "data": data,
+        }
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        _write_atomic(Path(path), buf.getvalue())
+
+    def load_checkpoint(self, path: Path) -> Any:
+        state = torch.load(Path(path), weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+        return state["data"]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

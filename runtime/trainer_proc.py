@@ -1,0 +1,180 @@
+"""The trainer as a separate process, pinned to its own cores, called from the actor.
+
+:class:`TrainerProcess` spawns a child running :func:`_serve_calls`: it owns a
+:class:`runtime.trainer.Trainer` and answers one call at a time over a pipe. The child
+is also rank 0 of the weight group and drives ``/init_process_group`` and
+``/request_weight_update`` on every server (one thread per server, while the main
+thread broadcasts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.trainer import Trainer, TrainerConfig, TrainItem
+
+
+@dataclass(slots=True, frozen=True)
+class ServerAddr:
+    base_url: str  # http://127.0.0.1:8400
+    token: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class PushResult:
+    version: int
+    pause_s: list[float]  # per server, the pause its generation saw
+
+
+def _post(server: ServerAddr, route: str, body: dict, out: list, i: int, timeout_s: float) -> None:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {server.token}"} if server.token else {}
+    try:
+        resp = httpx.post(server.base_url + route, json=body, headers=headers, timeout=timeout_s)
+        out[i] = resp
+    except Exception as err:  # reported by the caller
+        out[i] = err
+
+
+def _fan_out(servers: list[ServerAddr], route: str, bodies: list[dict], timeout_s: float):
+    out: list[Any] = [None] * len(servers)
+    threads = [
+        threading.Thread(target=_post, args=(s, route, b, out, i, timeout_s), daemon=True)
+        for i, (s, b) in enumerate(zip(servers, bodies))
+    ]
+    for t in threads:
+        t.start()
+    return threads, out
+
+
+def _join(threads: list[threading.Thread], out: list, route: str) -> list[dict]:
+    for t in threads:
+        t.join()
+    results = []
+    for r in out:
+        if isinstance(r, Exception) or r is None:
+            raise RuntimeError(f"{route} failed: {r!r}")
+        if r.status_code != 200:
+            raise RuntimeError(f"{route} answered {r.status_code}: {r.text}")
+        results.append(r.json())
+    return results
+
+
+class TrainerWorker:
+    """What runs in the child: the trainer plus the weight-group calls to the servers."""
+
+    def __init__(self, config: TrainerConfig) -> None:
+        self.trainer = Trainer(config)
+        self.servers: list[ServerAddr] = []
+
+    def initialise(self, checkpoint: str | None) -> Any:
+        self.trainer.initialise()
+        if checkpoint and Path(checkpoint).exists():
+            return self.trainer.load_checkpoint(Path(checkpoint))
+        return None
+
+    def join_group(self, servers: list[ServerAddr], host: str, port: int, backend: str) -> None:
+        self.servers = servers
+        world = len(servers) + 1
+        bodies = [
+            {"master_addr": host, "master_port": port, "rank": i + 1, "world_size": world,
+             "backend": backend, "timeout_s": 60.0}
+            for i in range(len(servers))
+        ]  # fmt: skip
+        threads, out = _fan_out(servers, "/init_process_group", bodies, 90.0)
+        self.trainer.sender.join(host, port, world, backend, 60.0)
+        _join(threads, out, "/init_process_group")
+
+    def push_weights(self, version: int) -> PushResult:
+        named = self.trainer.named_weights()
+        body = {"version": version, "params": self.trainer.weights_meta()}
+        threads, out = _fan_out(
+            self.servers, "/request_weight_update", [body] * len(self.servers), 120.0
+        )
+        self.trainer.sender.send(t for _, t in named)
+        answers = _join(threads, out, "/request_weight_update")
+        return PushResult(version, [a["pause_s"] for a in answers])
+
+    def train(self, items: list[TrainItem], now_s: float) -> float:
+        return self.trainer.train(items, now_s)
+
+    def step(self, step: int, now_s: float):
+        return self.trainer.step(step, now_s)
+
+    def checkpoint(self, path: str, data: Any) -> None:
+        self.trainer.save_checkpoint(Path(path), data)
+
+    def checksums(self) -> dict[str, tuple[float, float]]:
+        from runtime.weight_sync import tensor_checksum
+
+        return {n: tensor_checksum(t) for n, t in self.trainer.named_weights()}
+
+
+_CALLS = ("initialise", "join_group", "push_weights", "train", "step", "checkpoint", "checksums")
+
+
+def _serve_calls(conn, config: TrainerConfig, cores: list[int] | None) -> None:
+    if cores:
+        os.sched_setaffinity(0, cores)
+    worker = TrainerWorker(config)
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        name, args = msg
+        try:
+            assert name in _CALLS, name
+            conn.send((True, getattr(worker, name)(*args)))
+        except Exception as err:
+            conn.send((False, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+class TrainerProcess:
+    """Client of the trainer child process; each call is awaited without blocking the loop."""
+
+    def __init__(self, config: TrainerConfig, cores: list[int] | None = None) -> None:
+        self.config = config
+        self.cores = cores
+        self._proc: mp.process.BaseProcess | None = None
+        self._conn = None
+        self._lock = asyncio.Lock()
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_serve_calls, args=(child, self.config, self.cores), daemon=True
+        )
+        self._proc.start()
+        self._conn = parent
+
+    def call_sync(self, name: str, *args: Any) -> Any:
+        self._conn.send((name, args))
+        ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"trainer {name} failed: {value}")
+        return value
+
+    async def call(self, name: str, *args: Any) -> Any:
+        async with self._lock:
+            return await asyncio.to_thread(self.call_sync, name, *args)
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self._conn.send(None)
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._proc = None

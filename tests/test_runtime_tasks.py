@@ -1,0 +1,68 @@
+"""Tasks of the live runtime: deterministic, verifiable, long-tailed, PromptSource-shaped."""
+
+import numpy as np
+import pytest
+
+from runtime.tasks import VOCAB, Family, TaskPromptSource, TaskSet, reward
+
+
+def test_same_seed_same_prompts_and_answers():
+    a, b = TaskSet(3, 200, 128), TaskSet(3, 200, 128)
+    assert [(p.text, p.answer) for p in a.prompts] == [(p.text, p.answer) for p in b.prompts]
+    assert [p.text for p in TaskSet(4, 200, 128).prompts] != [p.text for p in a.prompts]
+
+
+def test_answers_are_correct_for_each_family():
+    for p in TaskSet(0, 400, 128).prompts:
+        body = p.text[p.text.index(":") + 1 : -1]
+        if p.family == Family.REPEAT:
+            assert p.answer == body * int(p.text[1 : p.text.index(":")])
+        elif p.family == Family.REVERSE:
+            assert p.answer == body[::-1]
+        elif p.family == Family.COUNT:
+            assert p.answer == str(len(body))
+        else:
+            assert len(p.answer) == sum(int(x) for x in __import__("re").findall(r"\d+", body))
+
+
+def test_output_lengths_are_long_tailed_and_fit_the_cap():
+    tasks = TaskSet(0, 2000, 128)
+    lengths = np.array([p.expected_output_tokens for p in tasks.prompts])
+    assert np.percentile(lengths, 99) >= 5 * np.median(lengths)
+    assert lengths.max() <= 128
+
+
+def test_prompts_fit_the_vocabulary():
+    symbols = set(VOCAB)
+    for p in TaskSet(1, 300, 128).prompts:
+        assert set(p.text) <= symbols and set(p.answer) <= symbols
+    assert len(VOCAB) <= 64
+
+
+def test_reward_exact_partial_and_empty():
+    p = TaskSet(0, 1, 64)[0]
+    assert reward(p, p.answer) == 1.0
+    assert reward(p, "") == 0.0
+    assert 0.0 < reward(p, p.answer + "zz") < 1.0
+
+
+def test_prompt_source_batches_groups_and_epochs():
+    tasks = TaskSet(0, 16, 64)
+    source = TaskPromptSource(tasks, batch_size=32, group_size=4)
+    b0, b1 = source.batch(0), source.batch(1)
+    assert len(b0) == 32 and len({r.sample_id for r in b0 + b1}) == 64
+    assert {r.group_id for r in b0}.isdisjoint({r.group_id for r in b1})
+    for g in {r.group_id for r in b0}:
+        members = [r for r in b0 if r.group_id == g]
+        assert len(members) == 4 and len({r.prompt_id for r in members}) == 1
+    assert all(r.prompt == tasks[r.prompt_id].text and r.max_tokens == 64 for r in b0)
+    epoch0 = {r.prompt_id for r in b0 + b1}
+    assert epoch0 == set(range(16))  # 2 iterations x 8 prompts cover the 16 prompts
+    assert source.batch(0) == b0  # deterministic
+
+
+def test_bad_sizes_are_value_errors():
+    with pytest.raises(ValueError, match="group_size"):
+        TaskPromptSource(TaskSet(0, 4, 64), batch_size=6, group_size=4)
+    with pytest.raises(ValueError, match="num_prompts"):
+        TaskSet(0, 0, 64)
