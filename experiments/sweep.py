@@ -13,6 +13,7 @@ import pandas as pd
 import yaml
 from rich.progress import Progress
 
+from experiments.predictors import ranker_for
 from policies.results import write_atomic
 from policies.spec import RunSpec, SpecError, apply_overrides, parse_override, spec_from_dict
 from sim.simulator import Simulation
@@ -53,7 +54,8 @@ def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> dic
     """Simulate one grid point; a failure becomes a row with its error, never an exception."""
     row: dict[str, Any] = dict(point)
     try:
-        result = Simulation(point_spec(base, point)).run()
+        spec = point_spec(base, point)
+        result = Simulation(spec, ranker=ranker_for(spec)).run()
         if out_dir is not None:
             result.save(out_dir)
         row.update(result.metrics)

@@ -1,0 +1,249 @@
+"""The learned ranker in runs: traces of the sim workload and of the live tasks, and the
+simulated end effect of ranker-driven dispatch.
+
+* ``sim_ranker(spec)`` — for ``policies.length_predictor: ranker`` in the sim: a
+  :class:`RankerPredictor` fitted on the workload's trace of its first two epochs (the
+  sim's lengths do not depend on the policies, so this is the trace a ``none`` run
+  records). The history table holds the trace of every iteration of the run, consulted
+  strictly before each request's iteration: it stands in for the online ``update`` that
+  the sim controller does not call.
+* ``task_trace(...)`` — the live tasks (``runtime.tasks``) seen for several epochs, with
+  lengths scattered around the reference answer's (``ranker.traces``), until live traces
+  exist.
+* ``python -m experiments.predictors sim-eval`` — generation time per batch under
+  random+fcfs, skewness-aware+lpt with the ranker, and with the oracle (docs/ranker.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.table import Table
+
+from policies.results import iteration_windows, write_atomic
+from policies.rng import RngStreams
+from policies.spec import RunSpec, load_spec
+from ranker.evaluate import as_json, heldout_prompts_report, rank_metrics, score, timings
+from ranker.online import RankerPredictor
+from ranker.traces import (
+    TRACE_COLUMNS,
+    normalize,
+    read_trace,
+    repeated_prompt_trace,
+    trace_frame,
+)
+
+WARMUP_EPOCHS = 2
+
+
+def iterations_per_epoch(spec: RunSpec) -> int:
+    return max(1, math.ceil(spec.workload.num_prompts / spec.prompts_per_iteration))
+
+
+def workload_trace(spec: RunSpec, num_iterations: int) -> pd.DataFrame:
+    """The sim workload's (request, true length) rows of iterations ``[0, num_iterations)``."""
+    from sim.workload import Workload
+
+    workload = Workload(spec, RngStreams(spec.run.seed))
+    frames = []
+    for iteration in range(num_iterations):
+        batch = workload.batch(iteration)
+        frames.append(trace_frame(batch, [workload.true_output_tokens(r) for r in batch]))
+    return pd.concat(frames, ignore_index=True)
+
+
+def sim_ranker(
+    spec: RunSpec, fit_iterations: int | None = None, model: str = "hgb"
+) -> RankerPredictor:
+    """A ranker for a sim run of ``spec``: fit on the first epochs, history of the run."""
+    if fit_iterations is None:
+        fit_iterations = WARMUP_EPOCHS * iterations_per_epoch(spec)
+    num_iterations = max(fit_iterations, spec.run.iterations)
+    trace = workload_trace(spec, num_iterations)
+    ranker = RankerPredictor(model)
+    ranker.fit_trace(trace[trace["iteration"] < fit_iterations])
+    ranker.update_history(trace[trace["iteration"] >= fit_iterations])
+    return ranker
+
+
+def ranker_for(spec: RunSpec) -> RankerPredictor | None:
+    """The fitted ranker ``Simulation(spec, ranker=...)`` needs, or None if spec uses none."""
+    if spec.policies.length_predictor != "ranker":
+        return None
+    return sim_ranker(spec)
+
+
+def task_trace(
+    seed: int,
+    num_prompts: int,
+    max_output_tokens: int,
+    num_epochs: int = 3,
+    group_size: int = 4,
+) -> pd.DataFrame:
+    """The live tasks over ``num_epochs`` epochs, lengths around the reference answer's."""
+    from runtime.tasks import TaskSet
+
+    tasks = TaskSet(seed, num_prompts, max_output_tokens)
+    prompts = [(p.prompt_id, p.text, p.expected_output_tokens) for p in tasks.prompts]
+    rng = RngStreams(seed).get("ranker-task-trace")
+    return repeated_prompt_trace(prompts, num_epochs, group_size, max_output_tokens, rng)
+
+
+def attach_task_prompts(trace: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
+    """Fill in the prompt text of a live run's samples from ``runtime.tasks`` by prompt id."""
+    if trace["prompt"].notna().any() or not (run_dir / "spec.yaml").exists():
+        return trace
+    metrics = run_dir / "metrics.json"
+    if not metrics.exists() or "live_wall_s" not in json.loads(metrics.read_text()):
+        return trace  # a sim run: its prompts have no text
+    from runtime.tasks import TaskSet
+
+    spec = load_spec(run_dir / "spec.yaml", [])
+    w = spec.workload
+    tasks = TaskSet(spec.run.seed, w.num_prompts, w.max_output_tokens)
+    out = trace.copy()
+    out["prompt"] = [tasks[int(i)].text for i in out["prompt_id"]]
+    return normalize(out)
+
+
+# -- tandem ranker fit / eval -------------------------------------------------------------
+
+
+def load_trace(path: Path) -> pd.DataFrame:
+    """A trace file, with a live run's prompt text reconstructed when it lacks it."""
+    return attach_task_prompts(read_trace(path), path.parent)
+
+
+def fit_command(trace_path: Path, out: Path, model: str, before_iteration: int | None) -> str:
+    trace = load_trace(trace_path)
+    if before_iteration is not None:
+        trace = trace[trace["iteration"] < before_iteration].reset_index(drop=True)
+    ranker = RankerPredictor(model)
+    t0 = time.perf_counter()
+    ranker.fit_trace(trace)
+    fit_s = time.perf_counter() - t0
+    ranker.save(out)
+    return f"fitted {model} on {len(trace)} rows in {fit_s:.2f} s; saved {out}"
+
+
+def eval_report(ranker: RankerPredictor, trace: pd.DataFrame) -> dict[str, Any]:
+    """Later-epoch and held-out-prompt metrics (ranker and baseline) and timings."""
+    assert ranker.fitted is not None
+    later = trace[trace["iteration"] > ranker.fitted.max_train_iteration].reset_index(drop=True)
+    in_sample = later.empty
+    test = trace if in_sample else later
+    return {
+        "model": ranker.model_name,
+        "later_epoch": {"in_sample": in_sample, **score(ranker, test, online=True)},
+        "heldout_prompts": heldout_prompts_report(trace, ranker.model_name, ranker.spec),
+        "timings": timings(trace, ranker.model_name),
+    }
+
+
+def eval_command(model_path: Path, trace_path: Path, json_path: Path | None) -> dict[str, Any]:
+    ranker = RankerPredictor.load(model_path)
+    report = as_json(eval_report(ranker, load_trace(trace_path)))
+    json_path = json_path or model_path.with_suffix(".eval.json")
+    write_atomic(json_path, json.dumps(report, indent=2).encode())
+    report["json_path"] = str(json_path)
+    return report
+
+
+def eval_table(report: dict[str, Any]) -> Table:
+    later, heldout = report["later_epoch"], report["heldout_prompts"]
+    title = "later epoch" + (" (in-sample: no later iteration)" if later["in_sample"] else "")
+    table = Table(title=f"ranker {report['model']}: {title} · held-out prompts")
+    table.add_column("metric")
+    for name in (
+        "later: ranker",
+        "later: prompt length",
+        "held-out: ranker",
+        "held-out: prompt length",
+    ):
+        table.add_column(name, justify="right")
+    columns = [later["ranker"], later["baseline"], heldout["ranker"], heldout["baseline"]]
+    for key in ("recall_20", "recall_10", "recall_5", "spearman", "kendall", "num_samples"):
+        table.add_row(key, *(f"{c[key]:.4g}" for c in columns))
+    t = report["timings"]
+    table.add_row("fit_s", f"{t['fit_s']:.2f}", "", "", "")
+    table.add_row("predict_s", f"{t['predict_s']:.2f}", "", "", "")
+    table.caption = f"fit_s, predict_s: wall seconds on {t['num_rows']} rows of the trace"
+    return table
+
+
+# -- the end effect in the sim ------------------------------------------------------------
+
+
+def generation_time_s(spec: RunSpec, ranker: RankerPredictor | None, from_iteration: int) -> float:
+    """Mean per-iteration generation time (first dispatch to last finish) from an iteration."""
+    from sim.simulator import Simulation
+
+    result = Simulation(spec, ranker=ranker).run()
+    windows = iteration_windows(result.samples)
+    spans = [hi - lo for it, (lo, hi) in windows.items() if it >= from_iteration]
+    return float(np.mean(spans))
+
+
+def _with_policies(spec: RunSpec, **policies: str) -> RunSpec:
+    return spec.model_copy(update={"policies": spec.policies.model_copy(update=policies)})
+
+
+def sim_eval(spec: RunSpec, fit_iterations: int, model: str = "hgb") -> dict[str, object]:
+    """The three generation times on iterations from ``fit_iterations`` on, and the recall."""
+    ranker = sim_ranker(spec, fit_iterations, model)
+    baseline = _with_policies(spec, dispatch="random", scheduling="fcfs", length_predictor="none")
+    learned = _with_policies(spec, length_predictor="ranker")
+    oracle = _with_policies(spec, length_predictor="oracle")
+    times = {
+        "random_fcfs_s": generation_time_s(baseline, None, fit_iterations),
+        "ranker_s": generation_time_s(learned, ranker, fit_iterations),
+        "oracle_s": generation_time_s(oracle, None, fit_iterations),
+    }
+    gain = times["random_fcfs_s"] - times["oracle_s"]
+    recovered = (times["random_fcfs_s"] - times["ranker_s"]) / gain if gain > 0 else float("nan")
+    test = workload_trace(spec, spec.run.iterations)
+    test = test[test["iteration"] >= fit_iterations].reset_index(drop=True)
+    metrics = rank_metrics(test["output_tokens"].to_numpy(float), ranker.predict_tokens(test))
+    return {"times": times, "share_of_oracle_gain": recovered, "ranker": as_json(metrics)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.predictors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("sim-eval", help="generation time: random+fcfs vs ranker vs oracle")
+    sim.add_argument("spec", nargs="?", default="streamrl-7b")
+    sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sim.add_argument("--fit-iterations", type=int, default=8)
+    sim.add_argument("--model", choices=["hgb", "ridge"], default="hgb")
+    tasks = sub.add_parser("task-trace", help="write a task trace parquet (reference lengths)")
+    tasks.add_argument("--out", required=True)
+    tasks.add_argument("--seed", type=int, default=0)
+    tasks.add_argument("--num-prompts", type=int, default=2000)
+    tasks.add_argument("--max-output-tokens", type=int, default=128)
+    tasks.add_argument("--epochs", type=int, default=3)
+    tasks.add_argument("--group-size", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.command == "sim-eval":
+        from experiments.cli import config_path
+
+        spec = load_spec(config_path(args.spec), args.set)
+        print(json.dumps(sim_eval(spec, args.fit_iterations, args.model), indent=2))
+    else:
+        trace = task_trace(
+            args.seed, args.num_prompts, args.max_output_tokens, args.epochs, args.group_size
+        )
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        trace[TRACE_COLUMNS].to_parquet(args.out)
+        print(f"{len(trace)} rows in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
