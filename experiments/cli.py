@@ -124,7 +124,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         from runtime.bench import bench_live
 
-        report = bench_live(load_spec(config_path(args.spec or "live-tiny"), args.set))
+        spec = load_spec(config_path(args.spec or "live-tiny"), args.set)
+        report = bench_live(spec, steps=args.iterations)
     print(json.dumps(report))
     return 0
 
@@ -154,6 +155,39 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         table.add_row(name, "+".join(c.fit.bases), f"{c.fit.heldout_mape:.2%}")
     console.print(table)
     console.print(f"cost model in [bold]{args.out}[/bold] (use sim.cost_model=profiled:{args.out})")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from runtime.profiler import ProfilePlan, profile_runtime
+
+    spec = _load(args)
+    plan = ProfilePlan()
+    with Progress(console=console) as bar:
+        task = bar.add_task("profiling", total=plan.num_measurements)
+        out = profile_runtime(
+            spec, Path(args.out), plan, lambda what: bar.update(task, advance=1, description=what)
+        )
+    console.print(f"profile in [bold]{out}[/bold] (next: tandem calibrate {out} --out DIR)")
+    return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from experiments.fidelity import FidelityPlan, run_fidelity
+
+    if bool(args.profile) == bool(args.cost_model):
+        raise ValueError("give exactly one of --profile PROFILE_DIR and --cost-model DIR")
+    plan = FidelityPlan(
+        modes=tuple(args.modes.split(",")),
+        dispatches=tuple(args.dispatch.split(",")) if args.dispatch else (None,),
+        profile_dir=Path(args.profile) if args.profile else None,
+        cost_model_dir=Path(args.cost_model) if args.cost_model else None,
+    )
+    report = run_fidelity(_load(args), plan, Path(args.out), console)
+    console.print(report.markdown())
+    console.print(f"fidelity report in [bold]{args.out}[/bold]")
     return 0
 
 
@@ -234,6 +268,20 @@ def build_parser() -> argparse.ArgumentParser:
     calib.add_argument("profile_dir")
     calib.add_argument("--out", required=True, help="directory for cost_model.json and plots")
     calib.set_defaults(func=cmd_calibrate)
+
+    prof = sub.add_parser("profile", help="measure the live runtime's operators (for calibrate)")
+    with_spec(prof, "live-tiny")
+    prof.add_argument("--out", required=True, help="profile directory (CSV tables, profile.json)")
+    prof.set_defaults(func=cmd_profile)
+
+    fid = sub.add_parser("fidelity", help="run a spec live and in the calibrated sim; compare")
+    with_spec(fid, "live-tiny")
+    fid.add_argument("--modes", required=True, metavar="M1,M2", help="pipeline modes")
+    fid.add_argument("--dispatch", default=None, metavar="D1,D2", help="dispatch policies")
+    fid.add_argument("--profile", help="profile directory (calibrated into OUT/cost-model)")
+    fid.add_argument("--cost-model", help="directory of an existing cost_model.json")
+    fid.add_argument("--out", required=True, help="report directory")
+    fid.set_defaults(func=cmd_fidelity)
 
     repro = sub.add_parser("reproduce", help="reproduce a paper's throughput study as a report")
     repro.add_argument("study", choices=["streamrl", "pipelinerl"])

@@ -1,0 +1,161 @@
+"""Simulated points of a reproduction study, run in parallel processes with a progress bar.
+
+A :class:`Point` is a shipped config plus overrides; :func:`run_points` simulates each
+distinct point once (two figures asking for the same run share it) and returns a
+:class:`PointResult` per point: the run's metrics plus the few per-step and per-sample
+summaries the figures need, extracted in the worker so that no large result crosses
+process boundaries.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from policies.records import SpanKind
+from policies.results import RunResult
+from policies.spec import RunSpec, load_spec
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One simulation: a shipped config name and ``key.path=value`` overrides."""
+
+    config: str
+    overrides: tuple[str, ...]
+
+    def spec(self) -> RunSpec:
+        from experiments.cli import config_path
+
+        return load_spec(config_path(self.config), list(self.overrides))
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRow:
+    """What one iteration (= one optimizer step in wave modes) looked like."""
+
+    iteration: int
+    max_output_tokens: int  # longest output generated in the iteration
+    num_instances: int  # generation instances that served it
+    generation_s: float  # first dispatch to last completion
+    train_busy_s: float  # trainer busy time of the step
+
+
+@dataclass(slots=True)
+class PointResult:
+    point: Point
+    metrics: dict[str, Any]
+    gen_gpus: int
+    train_gpus: int
+    iterations: list[IterationRow] = field(default_factory=list)
+    step_end_s: list[float] = field(default_factory=list)
+    staleness: dict[int, int] = field(default_factory=dict)  # lag -> trained samples
+    cross_dc_sync_s: float = 0.0  # summed weight-transfer time over inter-datacenter links
+    cross_dc_pushes: int = 0  # weight pushes that crossed datacenters
+    error: str | None = None
+
+
+def summarize(point: Point, result: RunResult) -> PointResult:
+    """Extract what the figures need from a full run result."""
+    cluster = result.spec.cluster
+    return PointResult(
+        point=point,
+        metrics=dict(result.metrics),
+        gen_gpus=sum(p.num_gpus for p in cluster.generation),
+        train_gpus=cluster.trainer.num_gpus,
+        iterations=_iteration_rows(result),
+        step_end_s=[float(s["end_s"]) for s in result.steps],
+        staleness=_staleness(result),
+        cross_dc_sync_s=sum(_cross_dc_syncs(result)),
+        cross_dc_pushes=len(_cross_dc_syncs(result)),
+    )
+
+
+def _iteration_rows(result: RunResult) -> list[IterationRow]:
+    lo: dict[int, float] = {}
+    hi: dict[int, float] = {}
+    longest: Counter[int] = Counter()
+    instances: dict[int, set[int]] = {}
+    for s in result.samples:
+        if s.gen_end_s is None:
+            continue
+        it = s.iteration
+        lo[it] = min(lo.get(it, s.dispatch_s), s.dispatch_s)
+        hi[it] = max(hi.get(it, s.gen_end_s), s.gen_end_s)
+        longest[it] = max(longest[it], s.output_tokens)
+        instances.setdefault(it, set()).add(s.instance_id)
+    busy = {int(s["step"]): float(s.get("busy_s", s["end_s"] - s["start_s"])) for s in result.steps}
+    return [
+        IterationRow(it, longest[it], len(instances[it]), hi[it] - lo[it], busy.get(it, 0.0))
+        for it in sorted(lo)
+    ]
+
+
+def _staleness(result: RunResult) -> dict[int, int]:
+    lags = Counter(
+        s.version_trained - s.version_start for s in result.samples if s.version_trained is not None
+    )
+    return dict(sorted(lags.items()))
+
+
+def _cross_dc_syncs(result: RunResult) -> list[float]:
+    """Durations of the weight pushes that crossed from one datacenter to another."""
+    out = []
+    for span in result.spans:
+        if span.kind != SpanKind.WEIGHT_SYNC or not span.resource.startswith("link-"):
+            continue
+        _, src, dst = span.resource.split("-", 2)
+        if src != dst:
+            out.append(span.end_s - span.start_s)
+    return out
+
+
+def run_one(point: Point) -> PointResult:
+    """Simulate one point; a failure becomes a result with its error, never an exception."""
+    from sim.simulator import Simulation
+
+    try:
+        return summarize(point, Simulation(point.spec()).run())
+    except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
+        message = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
+        return PointResult(point, {}, 0, 0, error=message)
+
+
+def _work_hint(spec: RunSpec) -> float:
+    """A rough size of a run (samples × max tokens), to start the longest runs first."""
+    w = spec.workload
+    return (
+        spec.run.iterations
+        * spec.algorithm.batch_size
+        * (w.final_max_output_tokens or w.max_output_tokens)
+    )
+
+
+def run_points(
+    points: Sequence[Point], workers: int, label: str, console: Console | None = None
+) -> dict[Point, PointResult]:
+    """Simulate every distinct point in ``workers`` processes, with a progress bar."""
+    specs = {p: p.spec() for p in dict.fromkeys(points)}  # bad overrides fail before any run
+    unique = sorted(specs, key=lambda p: -_work_hint(specs[p]))  # longest first packs better
+    results: dict[Point, PointResult] = {}
+    columns = [*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn()]
+    with (
+        Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as bar,
+        ProcessPoolExecutor(max_workers=max(1, workers)) as pool,
+    ):
+        task = bar.add_task(label, total=len(unique))
+        futures = {pool.submit(run_one, p): p for p in unique}
+        for fut in as_completed(futures):
+            results[futures[fut]] = fut.result()
+            bar.advance(task)
+    failed = [r for r in results.values() if r.error]
+    if failed:
+        raise RuntimeError(f"{len(failed)} point(s) failed; first: {failed[0].error}")
+    return results
