@@ -141,7 +141,11 @@ class BalancedAllocation:
 
 @ALLOCATION.register("elastic")
 class ElasticAllocation:
-    """Fixed at the start; :meth:`instances_to_add` is the controller's scaling rule."""
+    """Fixed at the start; :meth:`instances_to_add` is the controller's scaling rule.
+
+    ``Δ′`` scales the measured generation time by the stage model's predicted saving from
+    ``k`` more instances, so the long tail (which more instances cannot shorten) counts.
+    """
 
     def __init__(
         self, max_extra_instances: int = 4, instances_per_step: int = 1, **_: object
@@ -149,8 +153,11 @@ class ElasticAllocation:
         self.max_extra_instances = max_extra_instances
         self.instances_per_step = instances_per_step
         self.added = 0
+        self._model: StageModel | None = None
+        self._pool: GenerationPool | None = None
 
     def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
+        self._model, self._pool = model, _single_pool(cluster)
         return cluster
 
     def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
@@ -158,11 +165,20 @@ class ElasticAllocation:
         if k <= 0:
             return 0
         delta = gen_time_s - train_time_s
-        delta_prime = gen_time_s * k / (num_instances + k)  # generation time k more would save
-        if delta <= delta_prime:
+        delta_prime = gen_time_s * self._saving(num_instances, k)
+        if delta_prime <= 0 or delta <= delta_prime:  # useless, or would overshoot
             return 0
         self.added += k
         return k
+
+    def _saving(self, num_instances: int, k: int) -> float:
+        """Fraction of generation time ``k`` more instances would save."""
+        if self._model is None or self._pool is None:
+            return k / (num_instances + k)
+        tp = self._pool.tp
+        now = self._model.generation_s(self._pool, num_instances * tp)
+        more = self._model.generation_s(self._pool, (num_instances + k) * tp)
+        return max(0.0, 1.0 - more / now) if now > 0 else 0.0
 
 
 def build_allocation(spec: RunSpec) -> AllocationPolicy:

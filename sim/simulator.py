@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from policies.allocation import StageModel, build_allocation
+from policies.allocation import AllocationPolicy, StageModel, build_allocation
 from policies.dispatch import DISPATCH
 from policies.modes import MODES, Controller, build_controller
 from policies.modes.events import (
@@ -91,25 +91,30 @@ class Simulation:
         return world.result(time.perf_counter() - wall0)
 
 
-def resolve_cluster(spec: RunSpec, cost: SimCostModel, workload: Workload) -> ClusterSection:
-    """The cluster that runs: colocated modes share every GPU, allocation may re-split."""
+def resolve_cluster(
+    spec: RunSpec, cost: SimCostModel, workload: Workload
+) -> tuple[ClusterSection, AllocationPolicy]:
+    """The cluster that runs (colocated modes share every GPU, allocation may re-split),
+    and the allocation policy, which stays on as the scaling rule of ``elastic``."""
     cluster = spec.cluster
+    allocation = build_allocation(spec)
     if MODES.create(spec.pipeline.mode).colocated:
         pool = cluster.generation[0]
         total = sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
-        return cluster.model_copy(
+        colocated = cluster.model_copy(
             update={
                 "generation": [pool.model_copy(update={"num_gpus": total})],
                 "trainer": cluster.trainer.model_copy(update={"num_gpus": total}),
             }
         )
+        return colocated, allocation
     model = StageModel(
         cost=cost,
         batch_size=spec.algorithm.batch_size,
         prompt_tokens=workload.mean_prompt_tokens,
         output_tokens=workload.sample_lengths(4096),
     )
-    return build_allocation(spec).allocate(cluster, model)
+    return allocation.allocate(cluster, model), allocation
 
 
 class _World:
@@ -126,7 +131,7 @@ class _World:
         self.rngs = RngStreams(spec.run.seed)
         self.cost = build_cost_model(spec)
         self.workload = Workload(spec, self.rngs)
-        self.cluster = resolve_cluster(spec, self.cost, self.workload)
+        self.cluster, self._allocation = resolve_cluster(spec, self.cost, self.workload)
         self.spec = spec.model_copy(update={"cluster": self.cluster})
         self.colocated = MODES.create(spec.pipeline.mode).colocated
         self._fast_forward = fast_forward
@@ -221,8 +226,7 @@ class _World:
             objective=s.policies.dispatch_objective,
             long_tail_fraction=s.policies.long_tail_fraction,
         )
-        allocation = build_allocation(s)
-        scaling = allocation if hasattr(allocation, "instances_to_add") else None
+        scaling = self._allocation if hasattr(self._allocation, "instances_to_add") else None
         return build_controller(
             s,
             self.workload,

@@ -120,14 +120,15 @@ class PipelineController(Controller):
 
     def _fill(self) -> list[Command]:
         """Start groups while slots are free and the lag budget allows; dispatch them at once."""
-        size = self.config.group_size
         free = sum(v.num_free_slots for v in self.views.values())
+        # a group waits for slots for all its samples, unless it is larger than the cluster
+        need = min(self.config.group_size, sum(v.max_num_seqs for v in self.views.values()))
         version = self._min_version()
         batch: list[Request] = []
         while (
             not self.finished
             and self._num_started < self._total_samples
-            and free >= size
+            and free >= need
             and self.budget.can_start(version)
         ):
             group = self._next_group()

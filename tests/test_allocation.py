@@ -1,0 +1,170 @@
+"""Resource allocation: fixed, balanced (StreamRL Alg. 1, single and cross-datacenter), elastic."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import make_spec
+from policies.allocation import (
+    ALLOCATION,
+    BalancedAllocation,
+    ElasticAllocation,
+    FixedAllocation,
+    StageModel,
+    build_allocation,
+)
+from policies.protocols import Device
+from policies.spec import ClusterSection
+
+
+class UnitCost:
+    """Decode step = 1 s whatever the batch; training = tokens / GPUs seconds."""
+
+    def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
+        return 1.0
+
+    def prefill_s(self, device: Device, num_tokens: int) -> float:
+        return 0.0
+
+    def train_s(self, device: Device, num_tokens: int) -> float:
+        return num_tokens / device.num_gpus
+
+    def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
+        return 0.0
+
+
+def _model() -> StageModel:
+    # 64 samples of exactly 10 tokens and no prompt: a wave takes 10 s whatever its batch,
+    # training takes 640 / GPUs seconds.
+    return StageModel(cost=UnitCost(), batch_size=64, prompt_tokens=0.0, output_tokens=[10] * 100)
+
+
+def _cluster(gen: int, train: int, gen_dc: str = "dc0", max_num_seqs: int = 8) -> ClusterSection:
+    return ClusterSection.model_validate(
+        {
+            "generation": [{"num_gpus": gen, "datacenter": gen_dc, "max_num_seqs": max_num_seqs}],
+            "trainer": {"num_gpus": train, "datacenter": "dc0"},
+        }
+    )
+
+
+def test_allocation_registry():
+    assert ALLOCATION.names() == ["balanced", "elastic", "fixed"]
+    with pytest.raises(ValueError, match="already registered"):
+        ALLOCATION.register("fixed")(FixedAllocation)
+
+
+def test_stage_model_times():
+    m = _model()
+    pool = _cluster(8, 8).generation[0]
+    # per instance ceil(64/g) requests in waves of max_num_seqs = 8, each wave 10 s
+    assert [m.generation_s(pool, g) for g in (1, 2, 3, 4, 5, 8, 16)] == [
+        80.0,
+        40.0,
+        30.0,
+        20.0,
+        20.0,
+        10.0,
+        10.0,
+    ]
+    assert m.training_s("H800", 16) == pytest.approx(40.0)
+
+
+def test_drain_prices_a_shrinking_batch():
+    # lengths 1..4 in a batch of 4: the batch shrinks 4, 3, 2, 1 over four 1-s steps;
+    # with a cost of `running` seconds per step, draining takes 4 + 3 + 2 + 1 = 10 s
+    class PerSeq(UnitCost):
+        def decode_step_s(self, device, batch_size, context_tokens):
+            return float(batch_size)
+
+    m = StageModel(cost=PerSeq(), batch_size=4, prompt_tokens=0.0, output_tokens=[1, 2, 3, 4])
+    pool = _cluster(1, 1, max_num_seqs=4).generation[0]
+    assert m.generation_s(pool) == pytest.approx(10.0)
+
+
+def test_fixed_keeps_the_cluster():
+    cluster = _cluster(3, 5)
+    assert FixedAllocation().allocate(cluster, _model()) is cluster
+
+
+def test_balanced_single_datacenter_minimises_the_slower_stage():
+    # 16 GPUs: g=1 → max(80, 42.7); g=2 → max(40, 45.7); g=3 → max(30, 49.2); g≥4 → ≥ 53.3
+    out = BalancedAllocation().allocate(_cluster(8, 8), _model())
+    assert (out.generation[0].num_gpus, out.trainer.num_gpus) == (2, 14)
+
+
+def test_balanced_split_is_optimal_over_every_split():
+    m = _model()
+    cluster = _cluster(10, 6)
+    out = BalancedAllocation().allocate(cluster, m)
+    pool = cluster.generation[0]
+    gen, train = out.generation[0].num_gpus, out.trainer.num_gpus
+    assert gen + train == 16
+    best = max(m.generation_s(pool, gen), m.training_s("H800", train))
+    for g in range(1, 16):
+        assert best <= max(m.generation_s(pool, g), m.training_s("H800", 16 - g))
+
+
+def test_balanced_cross_datacenter_shrinks_the_faster_stage():
+    # generation in dc1 cannot take trainer GPUs. 2 gen GPUs: 40 s; 32 trainer GPUs: 20 s
+    # → trainer shrinks while 640 / t ≤ 40, i.e. to 16 GPUs
+    out = BalancedAllocation().allocate(_cluster(2, 32, gen_dc="dc1"), _model())
+    assert (out.generation[0].num_gpus, out.trainer.num_gpus) == (2, 16)
+    # 8 gen GPUs: 10 s; 4 trainer GPUs: 160 s → generation shrinks to one GPU (80 s ≤ 160)
+    out = BalancedAllocation().allocate(_cluster(8, 4, gen_dc="dc1"), _model())
+    assert (out.generation[0].num_gpus, out.trainer.num_gpus) == (1, 4)
+
+
+def test_balanced_needs_one_pool():
+    cluster = ClusterSection.model_validate({"generation": [{"num_gpus": 2}, {"num_gpus": 2}]})
+    with pytest.raises(ValueError, match="one generation pool"):
+        BalancedAllocation().allocate(cluster, _model())
+
+
+class _InverseModel:
+    """Generation time inversely proportional to GPUs: k more of n instances save k/(n+k)."""
+
+    def generation_s(self, pool: object, num_gpus: int) -> float:
+        return 100.0 / num_gpus
+
+
+class _FlatModel:
+    """More instances save nothing (the long tail sets the time)."""
+
+    def generation_s(self, pool: object, num_gpus: int) -> float:
+        return 100.0
+
+
+def test_elastic_adds_an_instance_when_delta_exceeds_delta_prime():
+    e = ElasticAllocation(max_extra_instances=2, instances_per_step=1)
+    assert e.allocate(_cluster(4, 4), _InverseModel()) == _cluster(4, 4)  # type: ignore[arg-type]
+    # Δ = 100 − 50 = 50 > Δ′ = 100·1/5 = 20 → add one
+    assert e.instances_to_add(100.0, 50.0, 4) == 1
+    # Δ = 10 ≤ Δ′ = 100/6 → none
+    assert e.instances_to_add(100.0, 90.0, 5) == 0
+    assert e.instances_to_add(100.0, 10.0, 5) == 1
+    assert e.instances_to_add(100.0, 0.0, 6) == 0  # the cap of 2 extra is reached
+    assert e.added == 2
+
+
+def test_elastic_adds_nothing_when_more_instances_would_not_help():
+    e = ElasticAllocation(max_extra_instances=4, instances_per_step=1)
+    e.allocate(_cluster(4, 4), _FlatModel())  # type: ignore[arg-type]
+    assert e.instances_to_add(100.0, 10.0, 4) == 0
+    assert e.added == 0
+
+
+def test_elastic_step_size_from_the_spec():
+    spec = make_spec(
+        {
+            "policies.allocation": "elastic",
+            "policies.elastic.gpus_per_step": 8,
+            "policies.elastic.max_extra_instances": 3,
+            "cluster.generation.0.tp": 2,
+        }
+    )
+    e = build_allocation(spec)
+    assert isinstance(e, ElasticAllocation)
+    assert (e.instances_per_step, e.max_extra_instances) == (4, 3)
+    # four at a time would exceed the cap of three: only three are added
+    assert e.instances_to_add(1000.0, 0.0, 4) == 3
