@@ -138,6 +138,9 @@ class PipelineSection(_Section):
     mode: str = "stream-async"
     max_lag: int = Field(4, ge=0, description="pipeline mode: max versions a sample may lag")
     inflight: InflightHandling = InflightHandling.KEEP
+    steps_per_generation: int = Field(
+        1, ge=1, description="conventional mode: optimizer steps per generated batch (G)"
+    )
 
     @field_validator("mode")
     @classmethod

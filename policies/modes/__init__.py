@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from policies.dispatch import DispatchPolicy
 from policies.modes.base import Controller, ControllerConfig, PromptSource, ScalingRule
+from policies.modes.conventional import ConventionalController
 from policies.modes.pipeline import PipelineController
 from policies.modes.wave import WaveController
 from policies.protocols import LengthPredictor
@@ -26,8 +27,11 @@ class ModeTraits:
     streaming: bool
     max_lag: int | None  # None: from ``pipeline.max_lag``
     continuous: bool  # True: PipelineRL-style continuous generation with in-flight updates
+    conventional: bool = False  # G optimizer steps per generated batch of G·B samples
 
     def staleness_bound(self, spec: RunSpec) -> int:
+        if self.conventional:
+            return spec.pipeline.steps_per_generation - 1
         return spec.pipeline.max_lag if self.max_lag is None else self.max_lag
 
 
@@ -40,6 +44,9 @@ _TRAITS = {
     "one-step-async": ModeTraits(colocated=False, streaming=False, max_lag=1, continuous=False),
     "stream-async": ModeTraits(colocated=False, streaming=True, max_lag=1, continuous=False),
     "pipeline": ModeTraits(colocated=False, streaming=True, max_lag=None, continuous=True),
+    "conventional": ModeTraits(
+        colocated=False, streaming=False, max_lag=0, continuous=False, conventional=True
+    ),
 }
 for _name, _traits in _TRAITS.items():
     MODES.register(_name)(lambda t=_traits, **_: t)
@@ -56,6 +63,7 @@ def controller_config(spec: RunSpec, micro_batch_samples: int) -> ControllerConf
         streaming=traits.streaming,
         max_lag=traits.staleness_bound(spec),
         inflight=spec.pipeline.inflight if traits.continuous else InflightHandling.BARRIER,
+        steps_per_wave=spec.pipeline.steps_per_generation if traits.conventional else 1,
     )
 
 
@@ -70,7 +78,13 @@ def build_controller(
 ) -> Controller:
     config = controller_config(spec, micro_batch_samples)
     traits = MODES.create(spec.pipeline.mode)
-    cls = PipelineController if traits.continuous else WaveController
+    cls = (
+        PipelineController
+        if traits.continuous
+        else ConventionalController
+        if traits.conventional
+        else WaveController
+    )
     return cls(config, prompts, predictor, dispatch, instances, scaling)
 
 

@@ -44,6 +44,7 @@ class ControllerConfig:
     streaming: bool  # the trainer consumes samples as they finish
     max_lag: int  # versions a trained sample may lag the trainer
     inflight: InflightHandling  # how instances load weights (BARRIER = between iterations)
+    steps_per_wave: int = 1  # optimizer steps per generated batch (``conventional``)
 
 
 class Controller:

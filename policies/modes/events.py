@@ -11,6 +11,8 @@ from enum import StrEnum
 
 from policies.records import Completion, InflightHandling, InstanceView, Request, StepStats
 
+__all__ = ["InflightHandling"]  # re-exported for the controllers
+
 
 class Phase(StrEnum):
     GENERATE = "generate"
