@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import make_spec
+
 from policies.allocation import (
     ALLOCATION,
     BalancedAllocation,
@@ -49,7 +49,7 @@ def _cluster(gen: int, train: int, gen_dc: str = "dc0", max_num_seqs: int = 8) -
 
 
 def test_allocation_registry():
-    assert ALLOCATION.names() == ["balanced", "elastic", "fixed"]
+    assert {"balanced", "elastic", "fixed"} <= set(ALLOCATION.names())
     with pytest.raises(ValueError, match="already registered"):
         ALLOCATION.register("fixed")(FixedAllocation)
 

@@ -1,0 +1,192 @@
+"""Shared builders for the foundation tests: specs, fake prompt sources, views, completions."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from policies.records import Completion, FinishReason, InstanceView, Request
+from policies.spec import RunSpec, spec_from_dict
+
+METRICS_KEYS = {
+    "throughput_samples_per_s",
+    "throughput_tokens_per_s",
+    "generation_utilization",
+    "trainer_utilization",
+    "pipeline_bubble_s",
+    "skewness_bubble_s",
+    "mean_staleness",
+    "max_staleness",
+    "num_samples_generated",
+    "num_samples_trained",
+    "cost_normalized_throughput",
+    "generation_time_s",
+    "iteration_time_s",
+    "sim_wall_s",
+}
+SAMPLE_COLUMNS = [
+    "sample_id",
+    "prompt_id",
+    "group_id",
+    "iteration",
+    "instance_id",
+    "prompt_tokens",
+    "output_tokens",
+    "predicted_output_tokens",
+    "dispatch_s",
+    "gen_start_s",
+    "gen_end_s",
+    "train_step",
+    "version_start",
+    "version_end",
+    "version_trained",
+    "reward",
+]
+SPAN_COLUMNS = ["resource", "kind", "start_s", "end_s", "iteration", "batch_size"]
+
+WAVE_MODES = ["colocated-sync", "disagg-sync", "stream-sync", "one-step-async", "stream-async"]
+ALL_MODES = [*WAVE_MODES, "pipeline"]
+STALENESS_BOUND = {
+    "colocated-sync": 0,
+    "disagg-sync": 0,
+    "stream-sync": 0,
+    "one-step-async": 1,
+    "stream-async": 1,
+}
+
+# A small simulated run: 7B on H800, a handful of samples per step.
+SMALL: dict[str, Any] = {
+    "run.iterations": 2,
+    "run.seed": 0,
+    "cluster.generation.0.num_gpus": 2,
+    "cluster.generation.0.max_num_seqs": 64,
+    "cluster.trainer.num_gpus": 2,
+    "workload.kind": "lognormal",
+    "workload.max_output_tokens": 500,
+    "workload.lognormal_median_tokens": 150.0,
+    "workload.num_prompts": 64,
+    "algorithm.name": "grpo",
+    "algorithm.batch_size": 8,
+    "algorithm.group_size": 2,
+    "policies.allocation": "fixed",
+}
+
+
+def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.0.c`` in nested dicts/lists (list items by index)."""
+    node: Any = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+    last = parts[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def make_spec(
+    overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None
+) -> RunSpec:
+    """The default spec with ``base`` then ``overrides`` (dotted keys, Python values) applied."""
+    data = RunSpec().model_dump(mode="json")
+    for key, value in {**(base or {}), **(overrides or {})}.items():
+        set_path(data, key, copy.deepcopy(value))
+    return spec_from_dict(data)
+
+
+def small_spec(**overrides: Any) -> RunSpec:
+    """``SMALL`` with overrides given as ``section__key=value`` (``__`` stands for ``.``)."""
+    return make_spec({k.replace("__", "."): v for k, v in overrides.items()}, base=SMALL)
+
+
+def view(instance_id: int, max_num_seqs: int = 256, **kw: Any) -> InstanceView:
+    return InstanceView(
+        instance_id=instance_id,
+        hardware=kw.pop("hardware", "H800"),
+        tp=kw.pop("tp", 1),
+        datacenter=kw.pop("datacenter", "dc0"),
+        max_num_seqs=max_num_seqs,
+        kv_capacity_tokens=kw.pop("kv_capacity_tokens", 10**6),
+        **kw,
+    )
+
+
+def request(
+    sample_id: int,
+    predicted: float | None = None,
+    iteration: int = 0,
+    prompt_tokens: int = 10,
+    max_tokens: int = 1000,
+    group_size: int = 1,
+) -> Request:
+    return Request(
+        sample_id=sample_id,
+        prompt_id=sample_id // group_size,
+        group_id=sample_id // group_size,
+        iteration=iteration,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        predicted_tokens=predicted,
+    )
+
+
+class FakePrompts:
+    """A ``PromptSource``: iteration i holds samples i·B … i·B+B−1, groups of ``group_size``."""
+
+    def __init__(self, batch_size: int, group_size: int) -> None:
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.calls: list[int] = []
+
+    def request(self, sample_id: int, predicted: float | None = None) -> Request:
+        return Request(
+            sample_id=sample_id,
+            prompt_id=sample_id // self.group_size,
+            group_id=sample_id // self.group_size,
+            iteration=sample_id // self.batch_size,
+            prompt_tokens=10,
+            max_tokens=100,
+            predicted_tokens=predicted,
+        )
+
+    def batch(self, iteration: int) -> list[Request]:
+        self.calls.append(iteration)
+        first = iteration * self.batch_size
+        return [self.request(i) for i in range(first, first + self.batch_size)]
+
+
+class FakePredictor:
+    """Predicts ``10 × (sample_id + 1)`` tokens."""
+
+    def fit(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None:
+        pass
+
+    def predict(self, requests: Sequence[Request]) -> list[float | None]:
+        return [10.0 * (r.sample_id + 1) for r in requests]
+
+
+def completion(
+    req: Request,
+    instance_id: int,
+    end_s: float,
+    version_start: int = 0,
+    version_end: int | None = None,
+    output_tokens: int = 5,
+) -> Completion:
+    return Completion(
+        request=req,
+        instance_id=instance_id,
+        output_tokens=output_tokens,
+        finish_reason=FinishReason.STOP,
+        version_start=version_start,
+        version_end=version_start if version_end is None else version_end,
+        dispatch_s=0.0,
+        gen_start_s=0.0,
+        gen_end_s=end_s,
+    )
+
+
+def metrics_without_wall(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if k not in ("sim_wall_s", "live_wall_s")}

@@ -1,0 +1,168 @@
+"""``tandem run`` and ``tandem sweep``: the files they write, their columns, their exit codes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+from helpers import ALL_MODES, METRICS_KEYS, SAMPLE_COLUMNS, SPAN_COLUMNS, STALENESS_BOUND
+
+from experiments import cli
+from experiments.cli import main
+from policies.spec import load_spec
+
+SPAN_KINDS = {"prefill", "decode", "train", "weight_sync", "context_switch", "idle"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SMALL_YAML = """
+run: {name: tiny, iterations: 2, seed: 3}
+cluster:
+  generation: [{hardware: H800, num_gpus: 2, max_num_seqs: 32}]
+  trainer: {hardware: H800, num_gpus: 2}
+workload: {kind: lognormal, max_output_tokens: 300, lognormal_median_tokens: 80, num_prompts: 32}
+algorithm: {name: grpo, batch_size: 8, group_size: 2}
+pipeline: {mode: disagg-sync}
+policies: {allocation: fixed}
+"""
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch):
+    """Rich wraps at 80 columns when not on a terminal; keep messages on one line."""
+    monkeypatch.setattr(cli.console, "width", 400)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_run_streamrl_7b_at_20k_writes_every_result_file(tmp_path, capsys, mode):
+    out = tmp_path / "run"
+    code = main(
+        [
+            "run",
+            "streamrl-7b",
+            "--set",
+            "workload.max_output_tokens=20000",
+            "--set",
+            "run.iterations=2",
+            "--set",
+            f"pipeline.mode={mode}",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = _flat(capsys.readouterr().out)
+    assert "throughput_samples_per_s" in printed
+    for name in ("spec.yaml", "metrics.json", "samples.parquet", "events.parquet"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "timeline.png").read_bytes()[:8] == PNG_MAGIC
+
+    spec = load_spec(out / "spec.yaml")  # the resolved spec loads back as it is
+    assert spec.pipeline.mode == mode
+    assert spec.workload.max_output_tokens == 20000
+    assert spec.run.iterations == 2
+    total = 2 * spec.algorithm.batch_size
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics.keys() >= METRICS_KEYS
+    assert metrics["num_samples_generated"] == metrics["num_samples_trained"] == total
+    assert metrics["throughput_samples_per_s"] > 0
+    assert metrics["throughput_tokens_per_s"] > metrics["throughput_samples_per_s"]
+    assert 0 < metrics["generation_utilization"] <= 1
+    assert 0 < metrics["trainer_utilization"] <= 1
+    assert metrics["pipeline_bubble_s"] >= 0 and metrics["skewness_bubble_s"] >= 0
+    bound = STALENESS_BOUND.get(mode, spec.pipeline.max_lag)
+    assert 0 <= metrics["mean_staleness"] <= metrics["max_staleness"] <= bound
+    assert 0 < metrics["sim_wall_s"] < 60
+
+    samples = pd.read_parquet(out / "samples.parquet")
+    assert list(samples.columns)[: len(SAMPLE_COLUMNS)] == SAMPLE_COLUMNS
+    assert len(samples) == total
+    assert samples["sample_id"].is_unique
+    assert samples["reward"].isna().all()  # no rewards in the simulator
+    assert (samples["train_step"] == samples["version_trained"]).all()
+    assert (samples["output_tokens"] <= 20000).all()
+    assert (samples["gen_start_s"] >= samples["dispatch_s"]).all()
+    assert (samples["gen_end_s"] >= samples["gen_start_s"]).all()
+
+    events = pd.read_parquet(out / "events.parquet")
+    assert list(events.columns)[: len(SPAN_COLUMNS)] == SPAN_COLUMNS
+    assert set(events["kind"]) <= SPAN_KINDS
+    assert {"prefill", "decode", "train"} <= set(events["kind"])
+    assert all(re.fullmatch(r"gen-\d+|trainer|link-\S+-\S+", r) for r in events["resource"])
+    assert (events["end_s"] >= events["start_s"]).all()
+    assert events["start_s"].min() >= 0
+    if mode == "colocated-sync":
+        assert "context_switch" in set(events["kind"])
+    else:
+        assert "weight_sync" in set(events["kind"])
+    trainer = events[events["resource"] == "trainer"]
+    assert set(trainer["kind"]) <= {"train", "context_switch"}
+
+
+def test_run_default_spec_name_and_summary(tmp_path, capsys):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SMALL_YAML)
+    out = tmp_path / "run"
+    assert main(["run", str(spec), "--out", str(out)]) == 0
+    assert "results in" in _flat(capsys.readouterr().out)
+    assert load_spec(out / "spec.yaml") == load_spec(spec)
+
+
+def test_sweep_reports_a_failing_point_and_keeps_the_others(tmp_path, capsys):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SMALL_YAML)
+    out = tmp_path / "sweep"
+    code = main(
+        [
+            "sweep",
+            str(spec),
+            "--grid",
+            "pipeline.mode=disagg-sync,stream-async",
+            "--grid",
+            f"sim.cost_model=roofline,profiled:{tmp_path / 'no-such-profile.csv'}",
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = _flat(capsys.readouterr().out)
+    assert "4 points, 2 failed" in printed
+    assert "no-such-profile.csv does not exist" in printed
+    frame = pd.read_csv(out / "results.csv")
+    assert len(frame) == 4
+    assert list(frame["point"]) == [0, 1, 2, 3]
+    ok = frame[frame["error"].isna()]
+    assert list(ok["pipeline.mode"]) == ["disagg-sync", "stream-async"]
+    assert (ok["num_samples_trained"] == 16).all()
+    assert (ok["throughput_samples_per_s"] > 0).all()
+    assert frame["error"].notna().sum() == 2
+    assert pd.read_parquet(out / "results.parquet").shape[0] == 4
+    assert (out / "summary.png").read_bytes()[:8] == PNG_MAGIC
+    for i in ok["point"]:
+        assert (out / "points" / f"{i:04d}" / "metrics.json").exists()
+
+
+def test_sweep_whose_every_point_fails_exits_1(tmp_path, capsys):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SMALL_YAML)
+    code = main(
+        [
+            "sweep",
+            str(spec),
+            "--grid",
+            "model.name=NoSuchModel-1B,NoSuchModel-2B",
+            "--workers",
+            "1",
+            "--out",
+            str(tmp_path / "sweep"),
+        ]
+    )
+    assert code == 1
+    assert "2 points, 2 failed" in _flat(capsys.readouterr().out)
