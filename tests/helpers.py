@@ -46,7 +46,7 @@ SAMPLE_COLUMNS = [
 SPAN_COLUMNS = ["resource", "kind", "start_s", "end_s", "iteration", "batch_size"]
 
 WAVE_MODES = ["colocated-sync", "disagg-sync", "stream-sync", "one-step-async", "stream-async"]
-ALL_MODES = [*WAVE_MODES, "pipeline"]
+ALL_MODES = [*WAVE_MODES, "pipeline", "conventional"]
 STALENESS_BOUND = {
     "colocated-sync": 0,
     "disagg-sync": 0,

@@ -416,3 +416,42 @@ def test_pipeline_redispatches_aborted_requests():
     assert s.ctl.handle(aborted) == [Dispatch(0, s.rs(4)), Dispatch(1, s.rs(6))]
     assert s.ctl.views[0].num_assigned == 1
     assert s.ctl.views[1].num_assigned == 3
+
+
+# -- conventional ------------------------------------------------------------------------
+
+
+def test_conventional_generates_two_batches_then_takes_two_steps_and_pushes_once():
+    s = Script("conventional", iterations=2, **{"pipeline.steps_per_generation": 2})
+    # both batches (samples 0-7) go out at once with version-0 weights
+    assert s.start() == [Dispatch(0, s.rs(0, 2, 4, 6)), Dispatch(1, s.rs(1, 3, 5, 7))]
+    for i in range(7):
+        assert s.finish(i, i % 2, 1.0 + i) == []
+    out = s.finish(7, 1, 9.0)
+    assert out == [
+        TrainSamples(0, s.cs(0, 1, 2, 3)),
+        OptimizerStep(0),
+        TrainSamples(1, s.cs(4, 5, 6, 7)),
+        OptimizerStep(1),
+    ]
+    assert s.step_done(0, 10.0) == []  # no push between the two steps
+    assert s.step_done(1, 11.0) == [Finish()]
+    assert [s.ctl.train_step_of[i] for i in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_conventional_pushes_after_each_round_and_waits_for_the_weights():
+    s = Script("conventional", iterations=4, **{"pipeline.steps_per_generation": 2})
+    s.start()
+    for i in range(8):
+        out = s.finish(i, i % 2, 1.0 + i)
+    assert s.step_done(0, 10.0) == []
+    assert s.step_done(1, 11.0) == [PushWeights(2, BARRIER)]
+    assert s.loaded(0, 2, 12.0) == []
+    second = s.loaded(1, 2, 12.5)
+    assert second == [Dispatch(0, s.rs(8, 10, 12, 14)), Dispatch(1, s.rs(9, 11, 13, 15))]
+    assert out[-1] == OptimizerStep(1)
+
+
+def test_conventional_needs_whole_rounds():
+    with pytest.raises(ValueError, match="steps_per_generation"):
+        Script("conventional", iterations=3, **{"pipeline.steps_per_generation": 2})

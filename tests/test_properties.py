@@ -29,10 +29,13 @@ def small_specs(draw) -> RunSpec:
 
 
 def _draw_spec(draw, group: int, kind: str) -> RunSpec:
+    mode = draw(st.sampled_from(ALL_MODES))
+    rounds = draw(st.integers(1, 2)) if mode == "conventional" else 1
     return small_spec(
-        run__iterations=draw(st.integers(1, 3)),
+        run__iterations=draw(st.integers(1, 3)) * rounds,
         run__seed=draw(st.integers(0, 10_000)),
-        pipeline__mode=draw(st.sampled_from(ALL_MODES)),
+        pipeline__mode=mode,
+        pipeline__steps_per_generation=rounds,
         pipeline__max_lag=draw(st.integers(0, 3)),
         pipeline__inflight=draw(st.sampled_from(["keep", "abort-resubmit", "drain"])),
         policies__dispatch=draw(
@@ -77,6 +80,8 @@ def test_pipeline_with_fewer_slots_than_a_group_runs_or_is_rejected():
 
 
 def _bound(spec: RunSpec) -> int:
+    if spec.pipeline.mode == "conventional":
+        return spec.pipeline.steps_per_generation - 1
     return STALENESS_BOUND.get(spec.pipeline.mode, spec.pipeline.max_lag)
 
 
