@@ -17,8 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from policies.allocation import StageModel
 from policies.protocols import Device
 from policies.rng import RngStreams
@@ -78,8 +76,3 @@ def steady_throughput(step_end_s: list[float], batch_size: int) -> float:
         return batch_size * n / step_end_s[-1] if n else 0.0
     lo, hi = n // 4, n - 1 - n // 4
     return batch_size * (hi - lo) / (step_end_s[hi] - step_end_s[lo])
-
-
-def conventional_lags(num_opt_steps: int) -> np.ndarray:
-    """Lags of conventional RL: the j-th of G mini-batches trains on weights j steps old."""
-    return np.arange(num_opt_steps)

@@ -67,13 +67,18 @@ PIPELINERL_ASSUMPTIONS = [
     Assumption("in-flight update", "keep (pause, load, resume with KV kept)", "`pipelinerl.md`"),
     Assumption(
         "conventional RL (G steps per round)",
-        "disagg-sync with batch B·G, plus G−1 extra optimizer steps priced by the cost model; "
-        "the j-th of the G mini-batches has lag j",
-        "this report (no dedicated mode; see its note)",
+        "`conventional` mode, steps_per_generation = G: G·B samples on one set of weights, "
+        "then G simulated optimizer steps, then a weight push; lags recorded per sample",
+        "`pipelinerl.md` (the paper's baseline); `policies/modes/conventional.py`",
+    ),
+    Assumption(
+        "conventional throughput",
+        "trained samples / makespan over whole rounds (how many: the report's mode line)",
+        "this report (every round pays generation, G steps and the push in series)",
     ),
     Assumption(
         "steady-state throughput",
         "B × steps / time over the middle half of the optimizer steps",
-        "this report (excludes pipeline fill and drain)",
+        "this report (pipeline only; excludes its fill and drain)",
     ),
 ]  # fmt: skip

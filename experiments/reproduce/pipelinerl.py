@@ -1,11 +1,11 @@
 """``tandem reproduce pipelinerl``: PipelineRL (arXiv 2509.19128) against conventional RL.
 
-Conventional RL generates B·G samples with one set of weights, then takes G optimizer
-steps of B samples. No pipeline mode does exactly that, but ``disagg-sync`` with batch
-B·G generates the same samples with the same weights and trains the same tokens; it
-takes one optimizer step instead of G, so we add the G − 1 missing optimizer steps
-priced by the cost model (milliseconds for 7B) and count the lag of the j-th mini-batch
-as j (the conventional max lag is G − 1). ``pipeline`` is compared at max_lag = G − 1.
+Conventional RL is tandem's ``conventional`` mode with ``pipeline.steps_per_generation``
+= G: each round generates G batches of B samples with one set of weights, then takes G
+optimizer steps of B samples (the j-th step trains samples j versions stale, so the max
+lag is G − 1), then pushes the new weights. Its throughput is trained samples over the
+makespan of whole rounds; its lags are the recorded per-sample staleness, like the
+pipeline's. ``pipeline`` is compared at max_lag = G − 1.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from experiments.reproduce.analytic import analytic, conventional_lags, steady_throughput
+from experiments.reproduce.analytic import analytic, steady_throughput
 from experiments.reproduce.assumptions import PIPELINERL_ASSUMPTIONS
 from experiments.reproduce.figures import Axes, bars, lines
 from experiments.reproduce.points import Point, PointResult, run_points
 from experiments.reproduce.report import Claim, Section, Table, write_report
-from policies.protocols import Device
 
 CONFIG = "pipelinerl-7b"
 TOTAL_GPUS = 128
@@ -32,13 +31,13 @@ Results = dict[Point, PointResult]
 @dataclass(frozen=True, slots=True)
 class Budget:
     opt_steps: tuple[int, ...]  # G values of conventional RL
-    conventional_iterations: int  # rounds of B·G samples
+    conventional_rounds: int  # rounds of G·B samples and G optimizer steps
     pipeline_iterations: int  # optimizer steps of a pipeline run
     gen_gpus: tuple[int, ...]  # generation GPUs of the split sweep (the rest train)
     split_opt_steps: int  # G (and max_lag + 1) of the split sweep
 
 
-QUICK = Budget((1, 4, 32), 2, 8, (32, 48, 80), 16)
+QUICK = Budget((1, 4, 32), 1, 8, (32, 48, 80), 16)
 FULL = Budget((1, 2, 4, 8, 16, 32), 3, 32, (16, 32, 48, 64, 80, 96, 112), 16)
 
 
@@ -53,9 +52,9 @@ def conventional_point(g: int, b: Budget, gen_gpus: int = 48) -> Point:
     return Point(
         CONFIG,
         (
-            "pipeline.mode=disagg-sync",
-            f"algorithm.batch_size={BATCH * g}",
-            f"run.iterations={b.conventional_iterations}",
+            "pipeline.mode=conventional",
+            f"pipeline.steps_per_generation={g}",
+            f"run.iterations={g * b.conventional_rounds}",
             *_split(gen_gpus),
         ),
     )
@@ -75,36 +74,35 @@ def all_points(b: Budget) -> list[Point]:
     return points
 
 
-def conventional_throughput(r: PointResult, g: int) -> float:
-    """B·G samples per round; a round is the run's iteration plus G − 1 optimizer steps."""
-    from sim.costs import build_cost_model
+def sim_throughput(r: PointResult) -> float:
+    """Samples/s: the pipeline's steady state; conventional RL over its whole rounds."""
+    if r.point.spec().pipeline.mode == "conventional":
+        return float(r.metrics["throughput_samples_per_s"])
+    return steady_throughput(r.step_end_s, BATCH)
 
-    spec = r.point.spec()
-    cost = build_cost_model(spec)
-    optimizer_s = cost.optimizer_s(Device(spec.cluster.trainer.hardware, r.train_gpus))
-    return BATCH * g / (r.metrics["iteration_time_s"] + (g - 1) * optimizer_s)
+
+def lag_stats(r: PointResult) -> tuple[int, float]:
+    """Max and mean recorded lag (optimizer steps) of the trained samples."""
+    total = sum(r.staleness.values())
+    return max(r.staleness), sum(k * v for k, v in r.staleness.items()) / total
 
 
 def _lag_rows(res: Results, b: Budget) -> list[dict[str, object]]:
     rows = []
     for g in b.opt_steps:
-        conv = res[conventional_point(g, b)]
-        pipe = res[pipeline_point(g - 1, b)]
-        model = analytic(pipe.point.spec(), g)
-        lags = conventional_lags(g)
-        rows.append(
-            {"system": "conventional", "G": g, "max_lag": int(lags.max()),
-             "mean_lag": float(lags.mean()),
-             "sim_samples_per_s": conventional_throughput(conv, g),
-             "analytic_samples_per_s": model.conventional_samples_per_s}
-        )  # fmt: skip
-        total = sum(pipe.staleness.values())
-        rows.append(
-            {"system": "pipeline", "G": g, "max_lag": int(pipe.metrics["max_staleness"]),
-             "mean_lag": sum(k * v for k, v in pipe.staleness.items()) / total,
-             "sim_samples_per_s": steady_throughput(pipe.step_end_s, BATCH),
-             "analytic_samples_per_s": model.pipeline_samples_per_s}
-        )  # fmt: skip
+        model = analytic(pipeline_point(g - 1, b).spec(), g)
+        analytic_rate = {
+            "conventional": model.conventional_samples_per_s,
+            "pipeline": model.pipeline_samples_per_s,
+        }
+        for system, r in (("conventional", res[conventional_point(g, b)]),
+                          ("pipeline", res[pipeline_point(g - 1, b)])):  # fmt: skip
+            max_lag, mean_lag = lag_stats(r)
+            rows.append(
+                {"system": system, "G": g, "max_lag": max_lag, "mean_lag": mean_lag,
+                 "sim_samples_per_s": sim_throughput(r),
+                 "analytic_samples_per_s": analytic_rate[system]}
+            )  # fmt: skip
     return rows
 
 
@@ -127,7 +125,7 @@ def lag_section(res: Results, b: Budget, out: Path) -> Section:
         f"PipelineRL against conventional RL with G = {g}",
         "about 2× faster learning",
         f"{ratio:.2f}× the throughput at max_lag = G − 1 = {g - 1} (observed max lag: "
-        f"pipeline {int(by_lag[('pipeline', g)])}, conventional {g - 1})",
+        f"pipeline {by_lag[('pipeline', g)]}, conventional {by_lag[('conventional', g)]})",
         "qualitative only",
         "We compare throughput (samples/s) at equal max lag; learning speed also depends on "
         "how useful stale samples are, which a simulator without rewards cannot measure.",
@@ -149,9 +147,9 @@ def split_section(res: Results, b: Budget, out: Path) -> Section:
         conv, pipe = res[conventional_point(g, b, i)], res[pipeline_point(g - 1, b, i)]
         model = analytic(pipe.point.spec(), g)
         rows += [
-            {"gen_gpus": i, "line": "conventional, sim", "samples_per_s": conventional_throughput(conv, g)},
+            {"gen_gpus": i, "line": "conventional, sim", "samples_per_s": sim_throughput(conv)},
             {"gen_gpus": i, "line": "conventional, analytic", "samples_per_s": model.conventional_samples_per_s},
-            {"gen_gpus": i, "line": "pipeline, sim", "samples_per_s": steady_throughput(pipe.step_end_s, BATCH)},
+            {"gen_gpus": i, "line": "pipeline, sim", "samples_per_s": sim_throughput(pipe)},
             {"gen_gpus": i, "line": "pipeline, analytic", "samples_per_s": model.pipeline_samples_per_s},
         ]  # fmt: skip
     frame = pd.DataFrame(rows)
@@ -175,19 +173,13 @@ def split_section(res: Results, b: Budget, out: Path) -> Section:
 
 
 def lag_distribution_section(res: Results, b: Budget, out: Path) -> Section:
-    rows = []
-    for g in b.opt_steps:
-        pipe = res[pipeline_point(g - 1, b)]
-        total = sum(pipe.staleness.values())
-        rows += [
-            {"system": f"pipeline, max_lag {g - 1}", "lag": k, "share": v / total}
-            for k, v in pipe.staleness.items()
-        ]
     g = max(b.opt_steps)
-    rows += [
-        {"system": f"conventional, G = {g}", "lag": int(k), "share": 1.0 / g}
-        for k in conventional_lags(g)
-    ]
+    runs = [(f"pipeline, max_lag {k - 1}", res[pipeline_point(k - 1, b)]) for k in b.opt_steps]
+    runs.append((f"conventional, G = {g}", res[conventional_point(g, b)]))
+    rows = []
+    for system, r in runs:
+        total = sum(r.staleness.values())
+        rows += [{"system": system, "lag": k, "share": v / total} for k, v in r.staleness.items()]
     frame = pd.DataFrame(rows)
     axes = Axes("lag", "share", "system", "lag (optimizer steps)", "share of trained samples")
     bars(frame, axes, "Lag distribution of trained samples", out / "lag_distribution.png")
@@ -243,7 +235,9 @@ INTRO = [
     "(`shared/data/pipelinerl.md`): Qwen2.5-7B, 128 H100 (48 generate at 64 concurrent "
     "sequences each, 80 train), GRPO, B = 1024 sequences per optimizer step, group 8, "
     "max 8192 tokens. Pipeline throughput is the steady state (middle half of the steps); "
-    "conventional throughput is B·G per round. Regenerate with `tandem reproduce pipelinerl`.",
+    "conventional RL (`conventional` mode, G optimizer steps per G·B generated samples) is "
+    "trained samples over the makespan of whole rounds. Lags are recorded per trained "
+    "sample in both. Regenerate with `tandem reproduce pipelinerl`.",
 ]
 
 
@@ -254,5 +248,10 @@ def build(out: Path, quick: bool, workers: int, console: Console | None = None) 
     estimate = analytic(pipeline_point(0, b).spec(), 1).max_lag_estimate
     lag.claims += analytic_claims(lag.tables[0].frame, estimate)
     sections = [lag, split_section(res, b, out), lag_distribution_section(res, b, out)]
-    intro = [*INTRO, f"Mode: {'--quick' if quick else 'full'}."]
+    mode = "--quick" if quick else "full"
+    intro = [
+        *INTRO,
+        f"Mode: {mode} ({b.conventional_rounds} conventional round(s) per G, "
+        f"{b.pipeline_iterations} optimizer steps per pipeline run).",
+    ]
     return write_report(out, "PipelineRL reproduction", intro, sections, PIPELINERL_ASSUMPTIONS)
