@@ -5,14 +5,19 @@ from __future__ import annotations
 from experiments.reproduce.report import Assumption
 
 _SPEC = "documented engine-efficiency assumption, `policies/spec.py` EfficiencySection (not fitted)"
+_FIT = (
+    "fitted to StreamRL's published 7B/H800 decode profile (Fig. 6) by "
+    "`sim.calibration.fit_ptl_profile`; efficiency factor only"
+)
 
 COMMON = [
     Assumption("Qwen2.5-7B/32B/72B shapes", "params, layers, hidden, KV heads", "`models.csv`"),
     Assumption("decode: achieved HBM bandwidth", "0.8 × peak", _SPEC),
-    Assumption("decode: achieved FLOP/s", "0.5 × peak", _SPEC),
+    Assumption("decode: achieved FLOP/s", "0.292 × peak", _FIT),
+    Assumption("decode: compute and memory time", "add (not max)", _FIT),
     Assumption("prefill: achieved FLOP/s", "0.6 × peak", _SPEC),
     Assumption("training MFU", "0.4", _SPEC),
-    Assumption("fixed cost per decode step", "3 ms", _SPEC),
+    Assumption("fixed cost per decode step", "2.83 ms", _FIT),
     Assumption("KV cache", "0.9 × HBM − bf16 weights", _SPEC + " (vLLM's default utilisation)"),
     Assumption(
         "training FLOPs per token",

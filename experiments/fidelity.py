@@ -1,0 +1,370 @@
+"""``tandem fidelity``: the same spec live and in the calibrated simulator, compared.
+
+For each (pipeline mode, dispatch policy) the spec runs live (:func:`runtime.launcher.
+run_live`, on one generation server shared by every case, checkpoints off since the sim
+does not model them) and then in the simulator with the calibrated cost model, replaying
+the live run's lengths: a ``trace`` workload whose prompt ``k`` is the live run's ``k``-th
+group (its prompt tokens and output lengths, in order), so both runs see the same
+samples in the same iterations.
+
+Writes ``fidelity.csv`` (one row per case and metric: live, sim, relative error
+``sim / live - 1``), ``fidelity.md`` (the table, the throughput summary and the ranking
+of modes), ``bars.png``, ``lags.png`` and ``timeline-overlay.png``; each case's live and
+sim result directories are under ``cases/``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from policies.results import RunResult
+from policies.spec import RunSpec
+
+METRICS = {
+    "throughput_samples_per_s": "throughput (samples/s)",
+    "generation_time_s": "generation time per iteration (s)",
+    "iteration_time_s": "iteration time (s)",
+    "trainer_utilization": "trainer busy fraction",
+    "pipeline_bubble_s": "pipeline bubble (s)",
+    "skewness_bubble_s": "skewness bubble (s)",
+    "mean_staleness": "mean lag (versions)",
+}
+NO_CHECKPOINTS = 10**9  # live.checkpoint_every: never within a run
+
+
+@dataclass(slots=True, frozen=True)
+class FidelityPlan:
+    modes: tuple[str, ...]
+    dispatches: tuple[str | None, ...] = (None,)  # None: the spec's own
+    profile_dir: Path | None = None  # calibrated into OUT/cost-model
+    cost_model_dir: Path | None = None
+    overlay_iteration: int = 2  # the iteration of the timeline overlay
+
+
+@dataclass(slots=True)
+class Case:
+    mode: str
+    dispatch: str
+    live: RunResult
+    sim: RunResult
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode}·{self.dispatch}"
+
+
+# -- comparison (pure) ----------------------------------------------------------------------
+
+
+def relative_error(live: float | None, sim: float | None) -> float | None:
+    """``sim / live - 1``; None where live is zero or either is missing."""
+    if live is None or sim is None or live == 0:
+        return None
+    return sim / live - 1
+
+
+def lag_counts(samples: pd.DataFrame) -> dict[int, int]:
+    """Trained samples per lag (``version_trained - version_start``)."""
+    trained = samples[samples["version_trained"].notna()]
+    lags = (trained["version_trained"] - trained["version_start"]).astype(int)
+    return dict(sorted(Counter(lags.tolist()).items()))
+
+
+def lag_distance(live: dict[int, int], sim: dict[int, int]) -> float:
+    """Total variation distance between two lag distributions (0: equal, 1: disjoint)."""
+    n_live, n_sim = sum(live.values()) or 1, sum(sim.values()) or 1
+    keys = set(live) | set(sim)
+    return 0.5 * sum(abs(live.get(k, 0) / n_live - sim.get(k, 0) / n_sim) for k in keys)
+
+
+def compare_case(
+    mode: str, dispatch: str, live: dict, sim: dict, live_lags: dict, sim_lags: dict
+) -> list[dict]:
+    """One row per metric of :data:`METRICS`, plus the lag distributions' distance."""
+    rows = [
+        {"mode": mode, "dispatch": dispatch, "metric": key, "live": live.get(key),
+         "sim": sim.get(key), "rel_error": relative_error(live.get(key), sim.get(key))}
+        for key in METRICS
+    ]  # fmt: skip
+    rows.append(
+        {"mode": mode, "dispatch": dispatch, "metric": "lag_tv_distance", "live": None,
+         "sim": None, "rel_error": lag_distance(live_lags, sim_lags)}
+    )  # fmt: skip
+    return rows
+
+
+def ranking(frame: pd.DataFrame, column: str, dispatch: str) -> list[str]:
+    """Modes by throughput (highest first) for one dispatch policy."""
+    rows = frame[(frame["metric"] == "throughput_samples_per_s") & (frame["dispatch"] == dispatch)]
+    return list(rows.sort_values(column, ascending=False, kind="stable")["mode"])
+
+
+@dataclass(slots=True)
+class Summary:
+    median_abs_throughput_error: float
+    max_abs_throughput_error: float
+    rankings: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # live, sim
+
+    @property
+    def rankings_match(self) -> bool:
+        return all(live == sim for live, sim in self.rankings.values())
+
+    def passes(self, median_bound: float = 0.10, max_bound: float = 0.20) -> bool:
+        return (
+            self.median_abs_throughput_error <= median_bound
+            and self.max_abs_throughput_error <= max_bound
+            and self.rankings_match
+        )
+
+
+def summarise(frame: pd.DataFrame) -> Summary:
+    errors = frame.loc[frame["metric"] == "throughput_samples_per_s", "rel_error"].abs()
+    rankings = {
+        d: (ranking(frame, "live", d), ranking(frame, "sim", d))
+        for d in dict.fromkeys(frame["dispatch"])
+    }
+    return Summary(float(statistics.median(errors)), float(errors.max()), rankings)
+
+
+def _fmt(value: object, pct: bool = False) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "—"
+    return f"{value:+.1%}" if pct else f"{value:.4g}"
+
+
+def markdown_table(frame: pd.DataFrame, summary: Summary) -> str:
+    lines = ["| mode | dispatch | metric | live | sim | error |", "|---|---|---|---:|---:|---:|"]
+    for _, r in frame.iterrows():
+        lines.append(
+            f"| {r['mode']} | {r['dispatch']} | {METRICS.get(r['metric'], r['metric'])} | "
+            f"{_fmt(r['live'])} | {_fmt(r['sim'])} | "
+            f"{_fmt(r['rel_error'], pct=r['metric'] != 'lag_tv_distance')} |"
+        )
+    lines += [
+        "",
+        f"Median |throughput error|: {summary.median_abs_throughput_error:.1%}; "
+        f"largest: {summary.max_abs_throughput_error:.1%}.",
+        "",
+    ]
+    for d, (live, sim) in summary.rankings.items():
+        verdict = "same" if live == sim else "DIFFERENT"
+        lines.append(f"Ranking ({d}): live {' > '.join(live)}; sim {' > '.join(sim)} ({verdict}).")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(slots=True)
+class FidelityReport:
+    frame: pd.DataFrame
+    summary: Summary
+
+    def markdown(self) -> str:
+        return markdown_table(self.frame, self.summary)
+
+
+def build_report(cases: list[Case]) -> FidelityReport:
+    rows = []
+    for c in cases:
+        rows += compare_case(
+            c.mode, c.dispatch, c.live.metrics, c.sim.metrics,
+            lag_counts(c.live.samples_frame()), lag_counts(c.sim.samples_frame()),
+        )  # fmt: skip
+    frame = pd.DataFrame(rows)
+    return FidelityReport(frame, summarise(frame))
+
+
+# -- the sim twin of a live run --------------------------------------------------------------
+
+
+def trace_of(samples: pd.DataFrame) -> pd.DataFrame:
+    """The live run's samples as a trace: prompt ``k`` is its ``k``-th group, in order."""
+    ordered = samples.sort_values(["group_id", "sample_id"])
+    return pd.DataFrame(
+        {
+            "prompt_id": ordered["group_id"].astype(int),
+            "prompt_tokens": ordered["prompt_tokens"].astype(int),
+            "output_tokens": ordered["output_tokens"].astype(int),
+        }
+    )
+
+
+def sim_spec_for(live_spec: RunSpec, trace_path: Path, cost_model_dir: Path) -> RunSpec:
+    data = live_spec.model_dump(mode="json")
+    data["workload"] |= {"kind": "trace", "trace_path": str(trace_path)}
+    data["workload"]["final_max_output_tokens"] = None
+    data["sim"]["cost_model"] = f"profiled:{cost_model_dir}"
+    return RunSpec.model_validate(data)
+
+
+def simulate_twin(live: RunResult, case_dir: Path, cost_model_dir: Path) -> RunResult:
+    from sim.simulator import Simulation
+
+    trace_path = case_dir / "trace.parquet"
+    trace_of(live.samples_frame()).to_parquet(trace_path, index=False)
+    result = Simulation(sim_spec_for(live.spec, trace_path, cost_model_dir)).run()
+    result.save(case_dir / "sim")
+    return result
+
+
+# -- orchestration ------------------------------------------------------------------------
+
+
+def case_spec(base: RunSpec, mode: str, dispatch: str | None, url: str, token: str) -> RunSpec:
+    data = base.model_dump(mode="json")
+    data["pipeline"]["mode"] = mode
+    if dispatch is not None:
+        data["policies"]["dispatch"] = dispatch
+    data["live"] |= {"server_urls": [url], "token": token, "checkpoint_every": NO_CHECKPOINTS}
+    return RunSpec.model_validate(data)
+
+
+def _cost_model(plan: FidelityPlan, out: Path, console) -> Path:
+    if plan.cost_model_dir is not None:
+        return plan.cost_model_dir
+    from experiments.calibrate import calibrate
+
+    assert plan.profile_dir is not None
+    target = out / "cost-model"
+    fits = calibrate(plan.profile_dir, target)
+    if console is not None:
+        for name, c in fits.items():
+            console.print(
+                f"{name:>16}: {'+'.join(c.fit.bases):<16} held-out MAPE {c.fit.heldout_mape:.1%}"
+            )
+    return target
+
+
+def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> FidelityReport:
+    """Every (mode, dispatch) live on one shared server, then its sim twin; write the report."""
+    import secrets
+
+    from runtime.launcher import model_dir_for, run_live
+    from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
+    from runtime.profiler import warm_up_server
+
+    if base.live.num_servers != 1 or base.live.server_urls:
+        raise ValueError("tandem fidelity starts one server itself: live.num_servers must be 1")
+    out.mkdir(parents=True, exist_ok=True)
+    cost_dir = _cost_model(plan, out, console)
+    token, live = secrets.token_hex(8), base.live
+    server = start_server(
+        0, model_dir_for(base), "127.0.0.1", free_port(), token, split_cores(1)[0],
+        live.kv_cache_gib, live.max_model_len, base.cluster.generation[0].max_num_seqs,
+        out / "logs",
+    )  # fmt: skip
+    cases = []
+    try:
+        wait_healthy(server, live.startup_timeout_s)
+        warm_up_server(server.base_url, base)  # as the profile did: no case runs cold
+        for mode in plan.modes:
+            for dispatch in plan.dispatches:
+                spec = case_spec(base, mode, dispatch, server.base_url, token)
+                case_dir = out / "cases" / f"{mode}-{spec.policies.dispatch}"
+                live_result = run_live(spec, case_dir / "live")
+                sim_result = simulate_twin(live_result, case_dir, cost_dir)
+                cases.append(Case(mode, spec.policies.dispatch, live_result, sim_result))
+                if console is not None:
+                    _print_case(console, cases[-1])
+    finally:
+        stop_server(server)
+    return write_report(cases, out, plan.overlay_iteration)
+
+
+def _print_case(console, case: Case) -> None:
+    a = case.live.metrics["throughput_samples_per_s"]
+    b = case.sim.metrics["throughput_samples_per_s"]
+    console.print(f"{case.name}: live {a:.3f} samples/s, sim {b:.3f} ({b / a - 1:+.1%})")
+
+
+def write_report(cases: list[Case], out: Path, overlay_iteration: int = 2) -> FidelityReport:
+    report = build_report(cases)
+    report.frame.to_csv(out / "fidelity.csv", index=False)
+    (out / "fidelity.md").write_text(report.markdown())
+    bars(report.frame, out / "bars.png")
+    lag_histograms(cases, out / "lags.png")
+    timeline_overlay(cases[0], overlay_iteration, out / "timeline-overlay.png")
+    return report
+
+
+# -- plots ----------------------------------------------------------------------------------
+
+
+def bars(frame: pd.DataFrame, path: Path) -> None:
+    """One panel per metric: live and sim side by side for every case."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from experiments.plots import save_figure
+
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(3.2 * len(METRICS), 3.6))
+    for ax, (key, label) in zip(axes, METRICS.items()):
+        rows = frame[frame["metric"] == key]
+        x = np.arange(len(rows))
+        ax.bar(x - 0.2, rows["live"].astype(float), 0.4, label="live")
+        ax.bar(x + 0.2, rows["sim"].astype(float), 0.4, label="sim")
+        ax.set_xticks(x, [f"{m}\n{d}" for m, d in zip(rows["mode"], rows["dispatch"])],
+                      rotation=90, fontsize=7)  # fmt: skip
+        ax.set_title(label, fontsize=9)
+    axes[0].legend()
+    save_figure(fig, path)
+
+
+def lag_histograms(cases: list[Case], path: Path) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from experiments.plots import save_figure
+
+    fig, axes = plt.subplots(1, len(cases), figsize=(2.6 * len(cases), 2.8), squeeze=False)
+    for ax, c in zip(axes[0], cases):
+        live, sim = lag_counts(c.live.samples_frame()), lag_counts(c.sim.samples_frame())
+        keys = np.array(sorted(set(live) | set(sim)))
+        n_live, n_sim = sum(live.values()) or 1, sum(sim.values()) or 1
+        ax.bar(keys - 0.2, [live.get(k, 0) / n_live for k in keys], 0.4, label="live")
+        ax.bar(keys + 0.2, [sim.get(k, 0) / n_sim for k in keys], 0.4, label="sim")
+        ax.set_xticks(keys)
+        ax.set_title(c.name, fontsize=8)
+        ax.set_xlabel("lag (versions)")
+    axes[0][0].set_ylabel("share of trained samples")
+    axes[0][0].legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def iteration_window(result: RunResult, iteration: int) -> tuple[float, float]:
+    """From the iteration's first dispatch to the end of its optimizer step."""
+    samples = result.samples_frame()
+    start = float(samples.loc[samples["iteration"] == iteration, "dispatch_s"].min())
+    ends = [s["end_s"] for s in result.steps if s["step"] == iteration]
+    end = float(ends[0]) if ends else float(samples["gen_end_s"].max())
+    return start, end
+
+
+def timeline_overlay(case: Case, iteration: int, path: Path) -> None:
+    """The spans of one iteration, live above sim, each from its iteration's start."""
+    import matplotlib.pyplot as plt
+
+    from experiments.plots import KIND_COLORS, save_figure
+
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    labels = []
+    for offset, (who, result) in enumerate([("sim", case.sim), ("live", case.live)]):
+        start, end = iteration_window(result, iteration)
+        spans = result.spans_frame()
+        spans = spans[(spans["end_s"] > start) & (spans["start_s"] < end)]
+        for r, resource in enumerate(["trainer", "gen-0"]):
+            y = 2 * offset + r
+            labels.append(f"{who} {resource}")
+            for _, s in spans[spans["resource"] == resource].iterrows():
+                lo, hi = max(s["start_s"], start) - start, min(s["end_s"], end) - start
+                ax.barh(y, hi - lo, left=lo, color=KIND_COLORS.get(s["kind"], "grey"),
+                        edgecolor="black", linewidth=0.3)  # fmt: skip
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel(f"seconds from the start of iteration {iteration}")
+    ax.set_title(f"{case.name}: iteration {iteration}, live vs sim")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLORS.values()]
+    ax.legend(handles, list(KIND_COLORS), fontsize=7, loc="upper right", ncol=3)
+    save_figure(fig, path)

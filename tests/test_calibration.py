@@ -1,0 +1,85 @@
+"""Calibration: the roofline fit to StreamRL's PTL profile and the per-operator fits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from policies.protocols import Device
+from policies.spec import EfficiencySection
+from sim.calibrated import CalibratedCostModel
+from sim.calibration import (
+    OPERATOR_TABLES,
+    calibrate_operator,
+    calibrate_profile,
+    cost_model_document,
+    fit_ptl_profile,
+)
+
+
+def test_roofline_fit_reproduces_every_ptl_point_within_4_percent():
+    fit = fit_ptl_profile()
+    assert len(fit.batch_sizes) >= 5
+    assert fit.max_relative_error <= 0.04
+
+
+def test_shipped_efficiency_defaults_are_the_ptl_fit():
+    fit = fit_ptl_profile()
+    default = EfficiencySection()
+    assert fit.efficiency.step_overhead_s == pytest.approx(default.step_overhead_s, rel=0.02)
+    assert fit.efficiency.decode_compute == pytest.approx(default.decode_compute, rel=0.02)
+
+
+def test_operator_fit_recovers_an_affine_law_with_small_heldout_error():
+    n = np.array([1, 2, 4, 8, 16, 32, 48, 64])
+    ctx = np.array([900, 30, 400, 80, 2000, 600, 3000, 1200])  # not collinear with n
+    frame = pd.DataFrame(
+        {"batch_size": n, "context_tokens": ctx, "step_s": 0.004 + 0.0002 * n + 1e-7 * ctx}
+    )
+    c = calibrate_operator("decode", frame)
+    assert c.fit.heldout_mape < 1e-6
+    assert c.fit(n=10, ctx=500) == pytest.approx(0.004 + 0.002 + 5e-5, rel=1e-6)
+    assert set(c.candidates) == {"+".join(b) for b in OPERATOR_TABLES["decode"][3]}
+
+
+def test_operator_fit_names_missing_columns():
+    with pytest.raises(ValueError, match="context_tokens"):
+        calibrate_operator("decode", pd.DataFrame({"batch_size": [1, 2], "step_s": [1.0, 2.0]}))
+
+
+def _write_profile(path) -> dict:
+    tokens = np.array([20, 60, 120, 250, 400, 800])
+    pd.DataFrame(
+        {"batch_size": [1, 4, 10, 20, 40, 64], "context_tokens": [20, 90, 300, 700, 1400, 2500],
+         "step_s": [0.008, 0.009, 0.011, 0.013, 0.018, 0.024]}
+    ).to_csv(path / "decode.csv", index=False)  # fmt: skip
+    pd.DataFrame({"num_tokens": tokens, "prefill_s": 0.02 + 1e-4 * tokens}).to_csv(
+        path / "prefill.csv", index=False
+    )
+    pd.DataFrame(
+        {"num_tokens": tokens, "forward_s": 0.01 + 5e-5 * tokens,
+         "backward_s": 0.015 + 8e-5 * tokens, "optimizer_s": [0.012] * 6}
+    ).to_csv(path / "train.csv", index=False)  # fmt: skip
+    pd.DataFrame({"num_bytes": [1e6] * 4, "transfer_s": [0.2] * 4, "pause_s": [0.12] * 4}).to_csv(
+        path / "weight_sync.csv", index=False
+    )
+    profile = {"weight_bytes": 1e6, "kv_capacity_tokens": 100000}
+    (path / "profile.json").write_text(json.dumps(profile))
+    return profile
+
+
+def test_calibrated_cost_model_round_trips_and_predicts_the_profile(tmp_path):
+    profile = _write_profile(tmp_path)
+    fits = calibrate_profile(tmp_path)
+    (tmp_path / "cost_model.json").write_text(json.dumps(cost_model_document(fits, profile)))
+    cost = CalibratedCostModel.load(tmp_path / "cost_model.json")
+    device = Device("cpu", 1)
+    assert cost.train_s(device, 400) == pytest.approx(0.025 + 13e-5 * 400, rel=1e-6)
+    assert cost.optimizer_s(device) == pytest.approx(0.012)
+    assert cost.kv_capacity_tokens(device) == 100000
+    assert cost.weight_load_s(device) == 0.0  # pause (0.12) < transfer (0.2): nothing extra
+    for c in fits.values():
+        assert c.fit.heldout_mape < 0.1

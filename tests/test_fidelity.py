@@ -1,0 +1,174 @@
+"""Sim-vs-live fidelity: the comparison code on synthetic results, and one real case (live)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.fidelity import (
+    Case,
+    build_report,
+    compare_case,
+    lag_counts,
+    lag_distance,
+    relative_error,
+    sim_spec_for,
+    summarise,
+    trace_of,
+    write_report,
+)
+from policies.records import SampleRecord, Span, SpanKind
+from policies.results import RunResult
+from policies.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "experiments" / "configs" / "live-tiny.yaml"
+
+
+def _samples(lags: list[int], out_tokens: int = 5) -> list[SampleRecord]:
+    rows = []
+    for i, lag in enumerate(lags):
+        it = i // 2
+        rows.append(
+            SampleRecord(
+                sample_id=i,
+                prompt_id=100 + it,
+                group_id=it,
+                iteration=it,
+                instance_id=0,
+                prompt_tokens=6,
+                output_tokens=out_tokens + i,
+                predicted_output_tokens=None,
+                dispatch_s=float(it),
+                gen_start_s=float(it),
+                gen_end_s=it + 0.5,
+                train_step=it + lag,
+                version_start=it,
+                version_end=it,
+                version_trained=it + lag,
+                reward=None,
+            )  # fmt: skip
+        )
+    return rows
+
+
+def _result(throughput: float, lags: list[int], mode: str = "stream-async") -> RunResult:
+    spec = load_spec(CONFIG, [f"pipeline.mode={mode}"])
+    metrics = {
+        "throughput_samples_per_s": throughput, "generation_time_s": 0.5,
+        "iteration_time_s": 1.0, "trainer_utilization": 0.4, "pipeline_bubble_s": 2.0,
+        "skewness_bubble_s": 0.0, "mean_staleness": sum(lags) / len(lags),
+    }  # fmt: skip
+    spans = [
+        Span("gen-0", SpanKind.DECODE, 0.0, 0.5, 0, 2),
+        Span("trainer", SpanKind.TRAIN, 0.5, 0.9, 0, 2),
+        Span("gen-0", SpanKind.DECODE, 1.0, 1.5, 1, 2),
+    ]
+    steps = [{"step": s, "start_s": s + 0.5, "end_s": s + 0.9} for s in range(3)]
+    return RunResult(spec, metrics, _samples(lags), spans, steps)
+
+
+def test_relative_error_is_sim_over_live_minus_one_and_none_without_a_base():
+    assert relative_error(2.0, 2.2) == pytest.approx(0.1)
+    assert relative_error(0.0, 1.0) is None
+    assert relative_error(None, 1.0) is None
+
+
+def test_lag_counts_and_distance():
+    live = lag_counts(_result(1.0, [0, 0, 1, 1]).samples_frame())
+    assert live == {0: 2, 1: 2}
+    assert lag_distance(live, live) == 0.0
+    assert lag_distance({0: 4}, {1: 4}) == 1.0
+    assert lag_distance({0: 2, 1: 2}, {0: 4}) == pytest.approx(0.5)
+
+
+def test_compare_case_gives_one_row_per_metric_plus_the_lag_distance():
+    rows = compare_case("m", "d", {"throughput_samples_per_s": 2.0},
+                        {"throughput_samples_per_s": 1.5}, {0: 1}, {0: 1})  # fmt: skip
+    by_metric = {r["metric"]: r for r in rows}
+    assert by_metric["throughput_samples_per_s"]["rel_error"] == pytest.approx(-0.25)
+    assert by_metric["generation_time_s"]["rel_error"] is None
+    assert by_metric["lag_tv_distance"]["rel_error"] == 0.0
+
+
+def test_summary_median_max_and_rankings():
+    cases = [
+        Case("disagg-sync", "rr", _result(1.0, [0, 0]), _result(1.08, [0, 0])),
+        Case("stream-async", "rr", _result(2.0, [1, 1]), _result(1.7, [1, 0])),
+        Case("pipeline", "rr", _result(1.5, [0, 1]), _result(1.5, [0, 1])),
+    ]
+    report = build_report(cases)
+    s = report.summary
+    assert s.median_abs_throughput_error == pytest.approx(0.08)
+    assert s.max_abs_throughput_error == pytest.approx(0.15)
+    assert s.rankings["rr"] == (
+        ["stream-async", "pipeline", "disagg-sync"],
+        ["stream-async", "pipeline", "disagg-sync"],
+    )
+    assert s.rankings_match and s.passes()
+    swapped = report.frame.copy()
+    swapped.loc[swapped["metric"] == "throughput_samples_per_s", "sim"] = [2.5, 1.0, 1.5]
+    assert not summarise(swapped).rankings_match
+    assert "Median |throughput error|: 8.0%" in report.markdown()
+
+
+def test_trace_replays_each_group_in_order():
+    frame = _result(1.0, [0, 0, 0, 0]).samples_frame().sample(frac=1, random_state=0)
+    trace = trace_of(frame)
+    assert list(trace["prompt_id"]) == [0, 0, 1, 1]
+    assert list(trace["output_tokens"]) == [5, 6, 7, 8]
+
+
+def test_sim_spec_replays_the_trace_with_the_calibrated_model(tmp_path):
+    spec = sim_spec_for(load_spec(CONFIG, []), tmp_path / "t.parquet", tmp_path / "cm")
+    assert spec.workload.kind == "trace"
+    assert spec.sim.cost_model == f"profiled:{tmp_path / 'cm'}"
+
+
+def test_write_report_writes_table_and_plots(tmp_path):
+    cases = [
+        Case("disagg-sync", "rr", _result(1.0, [0, 0, 0, 0]), _result(1.05, [0, 0, 0, 0])),
+        Case("stream-async", "rr", _result(2.0, [1, 1, 0, 0]), _result(1.9, [1, 0, 0, 0])),
+    ]
+    write_report(cases, tmp_path, overlay_iteration=1)
+    for name in ("fidelity.csv", "fidelity.md", "bars.png", "lags.png", "timeline-overlay.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    frame = pd.read_csv(tmp_path / "fidelity.csv")
+    assert len(frame) == 2 * 8
+
+
+def _cost_model_dir(path: Path) -> Path:
+    ops = {
+        "decode": (["1", "n", "ctx"], [0.008, 2e-4, 1e-7]), "prefill": (["1", "tokens"], [0.02, 1e-4]),
+        "forward": (["1", "tokens"], [0.01, 5e-5]), "backward": (["1", "tokens"], [0.01, 8e-5]),
+        "optimizer": (["1"], [0.012]), "weight_transfer": (["1"], [0.2]), "weight_pause": (["1"], [0.1]),
+    }  # fmt: skip
+    doc = {
+        "format": "tandem-cost-model", "version": 1, "weight_bytes": 1e6,
+        "kv_capacity_tokens": 100000,
+        "operators": {k: {"bases": b, "coefs": c, "heldout_mape": 0.0} for k, (b, c) in ops.items()},
+    }  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cost_model.json").write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["disagg-sync", "stream-async", "pipeline"])
+def test_sim_twin_of_a_sim_run_reproduces_it_exactly(tmp_path, mode):
+    from experiments.fidelity import simulate_twin
+    from sim.simulator import Simulation
+
+    cost = _cost_model_dir(tmp_path / "cm")
+    spec = load_spec(
+        CONFIG, [f"pipeline.mode={mode}", f"sim.cost_model=profiled:{cost}", "run.iterations=4",
+                 "algorithm.batch_size=24", "algorithm.group_size=3",
+                 "workload.lognormal_median_tokens=20"],
+    )  # fmt: skip
+    original = Simulation(spec).run()
+    twin = simulate_twin(original, tmp_path, cost)
+    assert twin.metrics["throughput_samples_per_s"] == original.metrics["throughput_samples_per_s"]
+    a, b = original.samples_frame(), twin.samples_frame()
+    assert list(a["output_tokens"]) == list(b["output_tokens"])
