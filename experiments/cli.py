@@ -216,33 +216,32 @@ def cmd_ranker(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _with_spec(p: argparse.ArgumentParser, default: str | None) -> None:
+    p.add_argument(
+        "spec",
+        nargs="?" if default else None,
+        default=default,
+        help=f"spec YAML or shipped config name (default: {default})",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec key, e.g. pipeline.mode=stream-sync",
+    )
 
-    def with_spec(p: argparse.ArgumentParser, default: str | None) -> None:
-        p.add_argument(
-            "spec",
-            nargs="?" if default else None,
-            default=default,
-            help=f"spec YAML or shipped config name (default: {default})",
-        )
-        p.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a spec key, e.g. pipeline.mode=stream-sync",
-        )
 
+def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
+    """run, sweep, bench."""
     run = sub.add_parser("run", help="simulate (or, with --live, really run) one spec")
-    with_spec(run, DEFAULT_SPEC)
+    _with_spec(run, DEFAULT_SPEC)
     run.add_argument("--out", help="result directory (default: runs/NAME-MODE-TIME)")
     run.add_argument("--live", action="store_true", help="real vLLM servers and torch trainer")
     run.set_defaults(func=cmd_run)
 
     sweep = sub.add_parser("sweep", help="simulate every combination of a grid")
-    with_spec(sweep, None)
+    _with_spec(sweep, None)
     sweep.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2")
     sweep.add_argument("--workers", type=int, default=2)
     sweep.add_argument("--out", required=True)
@@ -257,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(func=cmd_bench)
 
+
+def _add_live_commands(sub: argparse._SubParsersAction) -> None:
+    """serve, calibrate, profile, fidelity, model."""
     serve = sub.add_parser("serve", help="a vLLM generation server with the PipelineRL routes")
     serve.add_argument("model_dir")
     serve.add_argument("--host", default="127.0.0.1")
@@ -270,12 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     calib.set_defaults(func=cmd_calibrate)
 
     prof = sub.add_parser("profile", help="measure the live runtime's operators (for calibrate)")
-    with_spec(prof, "live-tiny")
+    _with_spec(prof, "live-tiny")
     prof.add_argument("--out", required=True, help="profile directory (CSV tables, profile.json)")
     prof.set_defaults(func=cmd_profile)
 
     fid = sub.add_parser("fidelity", help="run a spec live and in the calibrated sim; compare")
-    with_spec(fid, "live-tiny")
+    _with_spec(fid, "live-tiny")
     fid.add_argument("--modes", required=True, metavar="M1,M2", help="pipeline modes")
     fid.add_argument("--dispatch", default=None, metavar="D1,D2", help="dispatch policies")
     fid.add_argument("--profile", help="profile directory (calibrated into OUT/cost-model)")
@@ -283,6 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
     fid.add_argument("--out", required=True, help="report directory")
     fid.set_defaults(func=cmd_fidelity)
 
+    model = sub.add_parser("model", help="the embedded tiny model")
+    model.add_argument("action", choices=["path"])
+    model.add_argument("--seed", type=int, default=0)
+    model.set_defaults(func=cmd_model)
+
+
+def _add_study_commands(sub: argparse._SubParsersAction) -> None:
+    """reproduce, ranker."""
     repro = sub.add_parser("reproduce", help="reproduce a paper's throughput study as a report")
     repro.add_argument("study", choices=["streamrl", "pipelinerl"])
     repro.add_argument("--quick", action="store_true", help="fewer iterations and points (≤ 60 s)")
@@ -306,10 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", help="metrics JSON to write (default: MODEL.eval.json)")
     evaluate.set_defaults(func=cmd_ranker)
 
-    model = sub.add_parser("model", help="the embedded tiny model")
-    model.add_argument("action", choices=["path"])
-    model.add_argument("--seed", type=int, default=0)
-    model.set_defaults(func=cmd_model)
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_sim_commands(sub)
+    _add_live_commands(sub)
+    _add_study_commands(sub)
     return parser
 
 
