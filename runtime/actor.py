@@ -3,9 +3,9 @@
 It feeds the controller events stamped with seconds from the run's start and carries
 out its commands:
 
-* ``Dispatch`` — one HTTP completion per request to that instance's server; each
-  completion is consumed the moment it returns (stream generation): reward from the
-  task, then ``SampleFinished``;
+* ``Dispatch`` — one streamed HTTP request per command to that instance's server
+  (``/v1/tandem/generate``); each completion is consumed the moment the server streams
+  it back (stream generation): reward from the task, then ``SampleFinished``;
 * ``TrainSamples`` / ``OptimizerStep`` / ``PushWeights`` — jobs for the trainer process,
   run strictly in order by one trainer task; a step answers ``TrainStepDone``, a push
   answers ``WeightsLoaded`` for every instance;
@@ -14,7 +14,8 @@ out its commands:
 * ``Finish`` — stop.
 
 A resumed run (``step_offset`` > 0) drives a fresh controller whose steps, versions and
-iterations count from 0; the actor adds the offset at every boundary.
+iterations count from 0; the actor adds the offset to steps and versions at every
+boundary, and the recorder maps each sample back to its own iteration.
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ class ActorConfig:
     step_offset: int = 0  # first global step of this (possibly resumed) run
     checkpoint_path: str | None = None
     checkpoint_every: int = 1
-    seed: int = 0
 
 
 class Actor:
@@ -138,24 +138,25 @@ class Actor:
 
     def _dispatch(self, cmd: Dispatch) -> None:
         dispatch_s = self.now()
-        for r in cmd.requests:
+        for _ in cmd.requests:
             self.recorder.sent(cmd.instance_id, dispatch_s)
-            self._spawn(self._generate(cmd.instance_id, r, dispatch_s))
+        self._spawn(self._generate(cmd.instance_id, cmd.requests, dispatch_s))
 
-    async def _generate(self, instance_id: int, request: Request, dispatch_s: float) -> None:
+    async def _generate(
+        self, instance_id: int, requests: tuple[Request, ...], dispatch_s: float
+    ) -> None:
+        """One streamed request per dispatch; each completion is consumed as it arrives."""
+        priorities = [int(self.priority(r)) for r in requests]
+        seeds = [None] * len(requests)  # a live run is not bit-reproducible anyway
+        client = self.clients[instance_id]
         try:
-            out = await self.clients[instance_id].generate(
-                request, dispatch_s, self.now, int(self.priority(request)), self._seed(request)
-            )
+            async for out in client.stream(requests, dispatch_s, self.now, priorities, seeds):
+                request = out.completion.request
+                self.recorder.returned(instance_id, self.now(), self.recorder.iteration(request))
+                c = self._finished(out)
+                self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
         except Exception as err:
             self._events.put_nowait(_Failed(err))
-            return
-        self.recorder.returned(instance_id, self.now(), self._global(request.iteration))
-        c = self._finished(out)
-        self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
-
-    def _seed(self, request: Request) -> int:
-        return self.config.seed * 1_000_003 + request.sample_id
 
     def _finished(self, out: Generated) -> Any:
         c = out.completion

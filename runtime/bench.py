@@ -1,26 +1,45 @@
 """``tandem bench live``: the pipeline modes on ``live-tiny.yaml``, on one shared server.
 
-For each mode: samples/s and its ratio to ``disagg-sync``. Also the actor's generation
-tokens/s (output tokens over the instance's busy time in the ``disagg-sync`` run) over
-raw vLLM on the same prompts (one batched ``/v1/completions`` call: vLLM's own
-scheduler with no per-request round trips), and the median pause of an in-flight
-weight update (the servers' ``weight_sync`` spans). Prints nothing; returns a dict.
+Three figures, each measured the same way for everything it compares:
+
+* **samples/s per mode** (``disagg-sync``, ``stream-sync``, ``stream-async``,
+  ``pipeline``) — each mode runs ``steps`` optimizer steps of the same spec against the
+  same server; the ratio of each to ``disagg-sync``;
+* **actor over raw vLLM** — the generation tokens/s of one wave (one iteration's batch:
+  same prompts, temperature and ``max_tokens``, every sample in flight at once) sent
+  through the actor's path (:meth:`runtime.gen_client.GenerationClient.stream`: the
+  dispatch in one streamed request, each completion parsed and rewarded as it arrives,
+  with token ids and sampling log-probs) over vLLM's own batched generate on the same
+  server (one ``/v1/completions`` request carrying every prompt, returning text only —
+  its cheapest form, so the ratio errs against the actor). Tokens/s is output tokens
+  over the wave's wall time, from the first byte sent to the last completion consumed;
+  waves alternate between the two paths so that drift in machine load hits both alike;
+* **median in-flight update pause** — the pause the server reported for every weight
+  update of the ``pipeline`` run (all of them land while requests are running), and
+  for comparison the median over the updates of every mode.
+
+Prints nothing; returns a dict.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from policies.spec import load_spec
+from policies.records import Request
+from policies.spec import RunSpec, load_spec
+from runtime.gen_client import GenerationClient
 from runtime.launcher import model_dir_for, run_live
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
-from runtime.tasks import TaskSet
+from runtime.server import SERVED_MODEL_NAME
+from runtime.tasks import TaskPromptSource, TaskSet
 
 MODES = ("disagg-sync", "stream-sync", "stream-async", "pipeline")
 DEFAULT_CONFIG = (
@@ -28,33 +47,93 @@ DEFAULT_CONFIG = (
 )
 
 
-def raw_tokens_per_s(
-    base_url: str, prompts: list[str], max_tokens: int, temperature: float
-) -> float:
+@dataclass(slots=True, frozen=True)
+class WaveRate:
+    output_tokens: int
+    wall_s: float
+
+
+def _rate(waves: list[WaveRate]) -> float:
+    wall_s = sum(w.wall_s for w in waves)
+    return sum(w.output_tokens for w in waves) / wall_s if wall_s else 0.0
+
+
+async def raw_wave(
+    http: httpx.AsyncClient, requests: list[Request], temperature: float
+) -> WaveRate:
+    """vLLM's own batched generate: one ``/v1/completions`` request with every prompt,
+    asking for nothing beyond the text (its cheapest form)."""
     body = {
-        "model": "tandem",
-        "prompt": prompts,
-        "max_tokens": max_tokens,
+        "model": SERVED_MODEL_NAME,
+        "prompt": [r.prompt for r in requests],
+        "max_tokens": requests[0].max_tokens,
         "temperature": temperature,
     }
     start = time.perf_counter()
-    resp = httpx.post(base_url + "/v1/completions", json=body, timeout=600)
-    elapsed = time.perf_counter() - start
+    resp = await http.post("/v1/completions", json=body)
+    wall_s = time.perf_counter() - start
     resp.raise_for_status()
-    return resp.json()["usage"]["completion_tokens"] / elapsed
+    return WaveRate(resp.json()["usage"]["completion_tokens"], wall_s)
 
 
-def _actor_tokens_per_s(frame_samples, frame_events) -> float:
-    gen = frame_events[(frame_events["resource"] == "gen-0") & (frame_events["kind"] == "decode")]
-    busy_s = float((gen["end_s"] - gen["start_s"]).sum())
-    return float(frame_samples["output_tokens"].sum()) / busy_s if busy_s else 0.0
+async def actor_wave(client: GenerationClient, requests: list[Request], tasks: TaskSet) -> WaveRate:
+    """The actor's path: one streamed request for the wave (as the actor dispatches it),
+    each completion parsed and rewarded the moment it arrives, with token ids and
+    sampling log-probs."""
+    clock = time.perf_counter
+    start = clock()
+    num_tokens = 0
+    priorities = [0] * len(requests)
+    async for out in client.stream(requests, start, clock, priorities, [None] * len(requests)):
+        tasks.reward(out.completion.request.prompt_id, out.text)
+        num_tokens += out.completion.output_tokens
+    return WaveRate(num_tokens, clock() - start)
+
+
+async def compare_generation(spec: RunSpec, url: str, num_waves: int) -> dict:
+    """Alternate actor and raw waves on the same prompts; tokens/s of each and the ratio."""
+    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+    source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
+    client = GenerationClient(0, url, spec.live.temperature)
+    raw: list[WaveRate] = []
+    actor: list[WaveRate] = []
+    try:
+        await actor_wave(client, source.batch(num_waves), tasks)  # warm connections and caches
+        for i in range(num_waves):
+            requests = source.batch(i)
+            paths = [("raw", raw), ("actor", actor)]
+            for name, out in paths if i % 2 else paths[::-1]:
+                if name == "raw":
+                    out.append(await raw_wave(client.http, requests, spec.live.temperature))
+                else:
+                    out.append(await actor_wave(client, requests, tasks))
+    finally:
+        await client.aclose()
+    actor_tps, raw_tps = _rate(actor), _rate(raw)
+    return {
+        "actor_tokens_per_s": actor_tps,
+        "raw_vllm_tokens_per_s": raw_tps,
+        "actor_over_raw": actor_tps / raw_tps if raw_tps else None,
+        "generation_waves": num_waves,
+    }
+
+
+def _as_spec(config: RunSpec | str | Path | None) -> RunSpec:
+    if isinstance(config, RunSpec):
+        return config.model_copy(deep=True)
+    return load_spec(config or DEFAULT_CONFIG)
 
 
 def bench_live(
-    config: str | Path | None = None, steps: int = 6, out_dir: str | Path | None = None
+    config: RunSpec | str | Path | None = None,
+    steps: int | None = None,
+    out_dir: str | Path | None = None,
+    num_waves: int = 6,
 ) -> dict:
     """Run each mode for ``steps`` optimizer steps on one server; return the figures."""
-    base = load_spec(config or DEFAULT_CONFIG, [f"run.iterations={steps}"])
+    base = _as_spec(config)
+    if steps is not None:
+        base.run.iterations = steps
     out = Path(out_dir or tempfile.mkdtemp(prefix="tandem-bench-"))
     token = secrets.token_hex(8)
     server = start_server(
@@ -63,37 +142,40 @@ def bench_live(
     )  # fmt: skip
     try:
         wait_healthy(server, base.live.startup_timeout_s)
-        return _bench_modes(base, server.base_url, token, out)
+        generation = asyncio.run(compare_generation(base, server.base_url, num_waves))
+        return {**_bench_modes(base, server.base_url, token, out), **generation}
     finally:
         stop_server(server)
 
 
-def _bench_modes(base, url: str, token: str, out: Path) -> dict:
-    rates, pauses, actor_tps, prompts = {}, [], 0.0, []
+def _bench_modes(base: RunSpec, url: str, token: str, out: Path) -> dict:
+    rates: dict[str, float] = {}
+    pauses: dict[str, list[float]] = {}
     for mode in MODES:
         spec = base.model_copy(deep=True)
         spec.live.server_urls, spec.live.token, spec.pipeline.mode = [url], token, mode
         result = run_live(spec, out / mode)
         rates[mode] = result.metrics["throughput_samples_per_s"]
-        events = result.spans_frame()
-        syncs = events[(events["resource"] == "gen-0") & (events["kind"] == "weight_sync")]
-        pauses += (syncs["end_s"] - syncs["start_s"]).tolist()
-        if mode == "disagg-sync":
-            actor_tps = _actor_tokens_per_s(result.samples_frame(), events)
-            tasks = TaskSet(
-                spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens
-            )
-            prompts = [tasks[s.prompt_id].text for s in result.samples]
-    raw = raw_tokens_per_s(url, prompts, base.workload.max_output_tokens, base.live.temperature)
+        pauses[mode] = _update_pauses_s(result)
+    inflight = pauses["pipeline"]
+    every = [p for ps in pauses.values() for p in ps]
     return {
         "samples_per_s": rates,
         "ratio_to_disagg_sync": {m: r / rates["disagg-sync"] for m, r in rates.items()},
-        "actor_tokens_per_s": actor_tps,
-        "raw_vllm_tokens_per_s": raw,
-        "actor_over_raw": actor_tps / raw if raw else None,
-        "median_update_pause_ms": statistics.median(pauses) * 1000 if pauses else None,
+        "median_update_pause_ms": statistics.median(inflight) * 1e3 if inflight else None,
+        "num_inflight_updates": len(inflight),
+        "median_update_pause_all_modes_ms": statistics.median(every) * 1e3 if every else None,
         "steps": base.run.iterations,
     }
+
+
+def _update_pauses_s(result) -> list[float]:
+    """Pauses of the weight updates after the first (the run's initial load, before any
+    generation); in ``pipeline`` mode every one of them lands during generation."""
+    events = result.spans_frame()
+    syncs = events[(events["resource"] == "gen-0") & (events["kind"] == "weight_sync")]
+    syncs = syncs.sort_values("start_s")
+    return (syncs["end_s"] - syncs["start_s"]).tolist()[1:]
 
 
 if __name__ == "__main__":

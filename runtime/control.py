@@ -29,6 +29,7 @@ class UpdateResult:
     version: int
     num_tensors: int
     pause_s: float  # generation paused for this long
+    stages_ms: dict[str, float]  # the worker's receive / check / load durations
 
 
 def checkpoint_manifest(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -88,15 +89,30 @@ class ServerControl:
         wire = [(m.name, m.shape, m.dtype) for m in metas]
         async with self._lock:
             start = time.perf_counter()
-            await self.engine.pause_generation(mode="keep", clear_cache=False)
+            await self._pause()
             try:
-                await self.engine.collective_rpc("tandem_receive", timeout=timeout_s, args=(wire,))
+                stages = await self.engine.collective_rpc(
+                    "tandem_receive", timeout=timeout_s, args=(wire,)
+                )
                 self.version = version
                 self.num_updates += 1
             finally:
                 await self.engine.resume_generation()
                 self.last_pause_s = time.perf_counter() - start
-        return UpdateResult(version, len(metas), self.last_pause_s)
+        return UpdateResult(version, len(metas), self.last_pause_s, stages[0] if stages else {})
+
+    async def _pause(self) -> None:
+        """``pause_generation(mode="keep", clear_cache=False)`` without its trailing sleep.
+
+        ``AsyncLLM.pause_generation`` sleeps 20 ms after the engine has paused, only so
+        that outputs already produced reach their callers first (not needed for
+        correctness, says vLLM); the engine-core call alone pauses the scheduler.
+        """
+        core = getattr(self.engine, "engine_core", None)
+        if core is not None and hasattr(core, "pause_scheduler_async"):
+            await core.pause_scheduler_async(mode="keep", clear_cache=False)
+        else:
+            await self.engine.pause_generation(mode="keep", clear_cache=False)
 
     async def checksums(self) -> dict[str, tuple[float, float]]:
         per_worker = await self.engine.collective_rpc("tandem_checksums")

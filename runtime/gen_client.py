@@ -1,7 +1,15 @@
-"""HTTP client of one generation server: a request in, a :class:`Completion` out."""
+"""HTTP client of one generation server: requests in, :class:`Completion` objects out.
+
+:meth:`GenerationClient.stream` sends the samples of one dispatch in one request to the
+server's ``/v1/tandem/generate`` and yields each completion the moment the server
+streams it back (see :mod:`runtime.batch_gen`); :meth:`GenerationClient.generate` is the
+one-sample OpenAI ``/v1/completions`` path.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -60,9 +68,7 @@ class GenerationClient:
             request=request,
             instance_id=self.instance_id,
             output_tokens=len(token_ids),
-            finish_reason=FinishReason.LENGTH
-            if choice["finish_reason"] == "length"
-            else FinishReason.STOP,
+            finish_reason=_finish_reason(choice["finish_reason"]),
             version_start=int(resp.headers["x-tandem-version-start"]),
             version_end=int(resp.headers["x-tandem-version-end"]),
             dispatch_s=dispatch_s,
@@ -73,6 +79,49 @@ class GenerationClient:
         )
         return Generated(completion, choice["text"], tuple(choice["prompt_token_ids"]))
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The pooled HTTP client (keep-alive connections to this server)."""
+        return self._http
+
+    async def stream(
+        self, requests: Sequence[Request], dispatch_s: float, clock: Callable[[], float],
+        priorities: Sequence[int], seeds: Sequence[int | None],
+    ) -> AsyncIterator[Generated]:  # fmt: skip
+        """Generate ``requests`` in one HTTP request; yield each completion as it finishes."""
+        body = {
+            "temperature": self.temperature,
+            "samples": [
+                {"prompt": r.prompt, "max_tokens": r.max_tokens, "priority": p, "seed": s}
+                for r, p, s in zip(requests, priorities, seeds)
+            ],
+        }
+        start_s = clock()
+        async with self._http.stream("POST", "/v1/tandem/generate", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if line:
+                    yield self._streamed(json.loads(line), requests, dispatch_s, start_s, clock())
+
+    def _streamed(self, d: dict, requests, dispatch_s, start_s, end_s) -> Generated:
+        if "error" in d:
+            raise RuntimeError(f"sample {requests[d['index']].sample_id} failed: {d['error']}")
+        token_ids = tuple(d["token_ids"])
+        completion = Completion(
+            request=requests[d["index"]],
+            instance_id=self.instance_id,
+            output_tokens=len(token_ids),
+            finish_reason=_finish_reason(d["finish_reason"]),
+            version_start=d["version_start"],
+            version_end=d["version_end"],
+            dispatch_s=dispatch_s,
+            gen_start_s=start_s,
+            gen_end_s=end_s,
+            token_ids=token_ids,
+            logprobs=tuple(d["logprobs"]),
+        )
+        return Generated(completion, d["text"], tuple(d["prompt_token_ids"]))
+
     async def health(self) -> dict:
         resp = await self._http.get("/health")
         resp.raise_for_status()
@@ -80,3 +129,7 @@ class GenerationClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _finish_reason(reason: str | None) -> FinishReason:
+    return FinishReason.LENGTH if reason == "length" else FinishReason.STOP

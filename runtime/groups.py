@@ -1,10 +1,10 @@
 """Groups and advantages: completions wait for their group before they are trained.
 
 A completion the controller places into step ``s`` becomes a :class:`TrainItem` once
-every sample of its group has a reward (advantage = reward − group mean). When step
-``s`` closes with a group still unfinished (possible only in ``pipeline`` mode, whose lag
-budget may split a group across steps), its placed samples use the mean over the group's
-samples finished so far.
+every sample of its group has a reward (advantage = reward − group mean). Every mode
+places a whole group into one step (the wave modes train iteration ``s`` in step ``s``;
+``pipeline`` places finished groups), so when step ``s`` closes all its groups are
+complete; streaming micro-batches only hold back samples whose group is still running.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ class GroupBook:
         return [self._item(c) for c in ready]
 
     def close(self, step: int) -> list[TrainItem]:
-        """Everything still pending for ``step``, with partial group means."""
-        return [self._item(c) for c in self._pending.pop(step, [])]
+        """Everything still pending for ``step`` (its groups are complete by now)."""
+        pending = self._pending.pop(step, [])
+        assert all(self._complete(c) for c in pending), "a group was split across steps"
+        return [self._item(c) for c in pending]
 
     def _item(self, c: Completion) -> TrainItem:
         rewards = self._rewards[c.request.group_id]

@@ -7,7 +7,8 @@ weights on every server, drives the spec's pipeline-mode controller with the
 :class:`runtime.actor.Actor`, and returns a :class:`RunResult` (also saved to
 ``out_dir``). Ctrl-C or a crash stops every process it started. A run directory holding
 ``checkpoints/last.pt`` resumes after the last checkpointed step: trained samples come
-from the checkpoint, later ones are generated again with the same sample ids.
+from the checkpoint, every other sample is generated again with its own sample id
+(:class:`ResumablePrompts`), so none is lost or trained twice in any mode.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import dataclasses
 import secrets
 import sys
+from collections import deque
 from pathlib import Path
 
 from policies.dispatch import DISPATCH
@@ -43,18 +45,37 @@ from runtime.trainer import TrainerConfig
 from runtime.trainer_proc import ServerAddr, TrainerProcess
 
 
-class OffsetPrompts:
-    """A resumed run's prompt source: controller iteration ``i`` is global ``i + offset``."""
+class ResumablePrompts:
+    """The controller's prompt source, resumable after any checkpointed step.
 
-    def __init__(self, source: TaskPromptSource, offset: int) -> None:
+    Visits the iterations of ``source`` in order, skips the samples already trained
+    (``trained_ids``, from the checkpoint) and hands out the rest ``batch_size`` at a
+    time; local batch ``i`` is relabelled iteration ``i`` (a resumed controller counts
+    from 0) and ``iteration_of`` keeps each sample's own iteration for the records. A
+    fresh run (nothing trained) gets exactly ``source``'s batches. Trained samples are
+    whole groups (every mode trains a group in one step), so batches stay group-aligned;
+    in ``pipeline`` mode, groups of earlier iterations that were generated but not yet
+    trained when the run stopped come first, then the later ones.
+    """
+
+    def __init__(self, source: TaskPromptSource, trained_ids: set[int]) -> None:
         self.source = source
-        self.offset = offset
+        self.trained_ids = trained_ids
+        self.iteration_of: dict[int, int] = {}  # sample id -> its global iteration
+        self._next_global = 0
+        self._queue: deque[Request] = deque()
 
     def batch(self, iteration: int) -> list[Request]:
-        return [
-            dataclasses.replace(r, iteration=iteration)
-            for r in self.source.batch(iteration + self.offset)
-        ]
+        while len(self._queue) < self.source.batch_size:
+            fresh = self.source.batch(self._next_global)
+            self._queue.extend(r for r in fresh if r.sample_id not in self.trained_ids)
+            self._next_global += 1
+        out = []
+        for _ in range(self.source.batch_size):
+            r = self._queue.popleft()
+            self.iteration_of[r.sample_id] = r.iteration
+            out.append(dataclasses.replace(r, iteration=iteration))
+        return out
 
 
 def model_dir_for(spec: RunSpec) -> str:
@@ -133,9 +154,10 @@ def _start_servers(spec, model_dir, token, cores, out_dir, servers) -> list[str]
 async def _run(spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, token) -> RunResult:
     ckpt = out_dir / "checkpoints" / "last.pt"
     data = await trainer.call("initialise", str(ckpt))
-    recorder = Recorder()
+    recorder, trained_ids = Recorder(), set()
     offset, time_offset_s = 0, 0.0
     if data is not None:
+        trained_ids = {s["sample_id"] for s in data["samples"]}
         offset, time_offset_s = data["next_step"], data["time_s"]
         recorder = _restored(data, offset)
     addrs = [ServerAddr(u, token) for u in urls]
@@ -146,7 +168,7 @@ async def _run(spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, toke
         end_s = time_offset_s
         remaining = spec.run.iterations - offset
         if remaining > 0:
-            actor = _make_actor(spec, clients, trainer, recorder, offset, str(ckpt))
+            actor = _make_actor(spec, clients, trainer, recorder, trained_ids, offset, str(ckpt))
             await actor.push_now(offset)  # the servers serve the trainer's weights
             end_s = await actor.run(time_offset_s)
     finally:
@@ -165,19 +187,21 @@ def _restored(data: dict, offset: int) -> Recorder:
     return recorder
 
 
-def _make_actor(spec, clients, trainer, recorder, offset: int, ckpt: str) -> Actor:
+def _make_actor(spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str) -> Actor:
     streams = RngStreams(spec.run.seed)
     tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
     source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
+    prompts = ResumablePrompts(source, trained_ids)
+    recorder.iteration_of = prompts.iteration_of
     local = spec.model_copy(deep=True)
     local.run.iterations = spec.run.iterations - offset
     controller = build_controller(
-        local, OffsetPrompts(source, offset), _predictor(spec, tasks, streams),
+        local, prompts, _predictor(spec, tasks, streams),
         _dispatch(spec, streams), _views(spec, len(clients)), spec.live.micro_batch_samples,
     )  # fmt: skip
     config = ActorConfig(
         group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
-        checkpoint_every=spec.live.checkpoint_every, seed=spec.run.seed,
+        checkpoint_every=spec.live.checkpoint_every,
     )  # fmt: skip
     scheduling = SCHEDULING.create(spec.policies.scheduling)
     return Actor(config, controller, clients, trainer, tasks, scheduling.priority, recorder)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policies.records import Completion, SampleRecord, Span, SpanKind
+from policies.records import Completion, Request, SampleRecord, Span, SpanKind
 
 
 class Recorder:
     def __init__(self, step_offset: int = 0) -> None:
         self.step_offset = step_offset  # a resumed run's first step
+        self.iteration_of: dict[int, int] = {}  # sample id -> global iteration, if relabelled
         self.samples: dict[int, SampleRecord] = {}  # sample id -> record
         self.spans: list[Span] = []
         self.steps: list[dict] = []
@@ -45,13 +46,17 @@ class Recorder:
                 Span(f"gen-{instance_id}", SpanKind.DECODE, start, now_s, iteration, batch)
             )
 
+    def iteration(self, r: Request) -> int:
+        """The request's own (global) iteration, whatever the controller numbered it."""
+        return self.iteration_of.get(r.sample_id, r.iteration + self.step_offset)
+
     def completion(self, c: Completion) -> None:
         r = c.request
         self.samples[r.sample_id] = SampleRecord(
             sample_id=r.sample_id,
             prompt_id=r.prompt_id,
             group_id=r.group_id,
-            iteration=r.iteration + self.step_offset,
+            iteration=self.iteration(r),
             instance_id=c.instance_id,
             prompt_tokens=r.prompt_tokens,
             output_tokens=c.output_tokens,

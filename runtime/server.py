@@ -8,6 +8,8 @@ vLLM builds the app (``/v1/completions``, ``/v1/chat/completions``, ... on an
   loaded (see :mod:`runtime.control`);
 * ``GET /health`` — replaces vLLM's, adding the served weight version;
 * ``GET /weights/checksums`` — checksums of the last loaded tensors (checkpoint layout);
+* ``POST /v1/tandem/generate`` — the actor's route: many samples per request, each
+  streamed back as it finishes, with its weight versions (see :mod:`runtime.batch_gen`);
 * the headers ``X-Tandem-Version-Start`` / ``X-Tandem-Version-End`` on every response: the
   weight version when the request arrived and when its response started.
 
@@ -22,9 +24,11 @@ import os
 import secrets
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware import Middleware
 
+from runtime.batch_gen import BatchBody, BatchGenerator
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
 from runtime.weight_sync import ParamMeta
 
@@ -60,6 +64,7 @@ class UpdateResponse(_Body):
     version: int
     num_tensors: int
     pause_s: float
+    stages_ms: dict[str, float]
 
 
 class HealthResponse(_Body):
@@ -118,8 +123,17 @@ def control_router(control: ServerControl, token: str | None) -> APIRouter:
         except Exception as err:  # the previous weights keep serving
             raise HTTPException(500, f"weight update failed: {err}") from None
         return UpdateResponse(
-            version=result.version, num_tensors=result.num_tensors, pause_s=result.pause_s
+            version=result.version,
+            num_tensors=result.num_tensors,
+            pause_s=result.pause_s,
+            stages_ms=result.stages_ms,
         )
+
+    batch = BatchGenerator(control.engine, lambda: control.version)
+
+    @router.post("/v1/tandem/generate")
+    async def tandem_generate(body: BatchBody) -> StreamingResponse:
+        return StreamingResponse(batch.stream(body), media_type="application/x-ndjson")
 
     @router.get("/weights/checksums", dependencies=guarded)
     async def checksums() -> dict:

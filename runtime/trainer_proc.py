@@ -32,6 +32,7 @@ class ServerAddr:
 class PushResult:
     version: int
     pause_s: list[float]  # per server, the pause its generation saw
+    stages_ms: list[dict[str, float]]  # per server: receive / check / load durations
 
 
 def _post(server: ServerAddr, route: str, body: dict, out: list, i: int, timeout_s: float) -> None:
@@ -96,13 +97,16 @@ class TrainerWorker:
 
     def push_weights(self, version: int) -> PushResult:
         named = self.trainer.named_weights()
+        flats = self.trainer.sender.pack(named)  # before any server pauses
         body = {"version": version, "params": self.trainer.weights_meta()}
         threads, out = _fan_out(
             self.servers, "/request_weight_update", [body] * len(self.servers), 120.0
         )
-        self.trainer.sender.send(t for _, t in named)
+        self.trainer.sender.send(flats)
         answers = _join(threads, out, "/request_weight_update")
-        return PushResult(version, [a["pause_s"] for a in answers])
+        return PushResult(
+            version, [a["pause_s"] for a in answers], [a["stages_ms"] for a in answers]
+        )
 
     def train(self, items: list[TrainItem], now_s: float) -> float:
         return self.trainer.train(items, now_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -50,6 +51,23 @@ def test_completions_return_token_ids_logprobs_and_version(server):
     )
     assert choice["prompt_token_ids"]
     assert resp.headers["x-tandem-version-start"] == resp.headers["x-tandem-version-end"]
+
+
+def test_batch_route_streams_each_completion_with_ids_logprobs_and_versions(server):
+    tasks = TaskSet(0, 3, 64)
+    body = {"temperature": 1.0, "samples": [
+        {"prompt": p.text, "max_tokens": 8 * (i + 1), "priority": 0} for i, p in enumerate(tasks.prompts)
+    ]}  # fmt: skip
+    with httpx.stream("POST", server + "/v1/tandem/generate", json=body, timeout=120) as resp:
+        assert resp.status_code == 200
+        lines = [json.loads(x) for x in resp.iter_lines() if x]
+    assert sorted(d["index"] for d in lines) == [0, 1, 2]
+    for d in lines:
+        assert 0 < len(d["token_ids"]) == len(d["logprobs"]) <= 8 * (d["index"] + 1)
+        assert d["prompt_token_ids"] and d["version_start"] == d["version_end"]
+        assert all(lp <= 0 for lp in d["logprobs"])
+    bad = httpx.post(server + "/v1/tandem/generate", json={"samples": [{"prompt": "x"}]})
+    assert 400 <= bad.status_code < 500 and "max_tokens" in bad.text
 
 
 def test_inflight_update_lets_requests_finish_and_spans_both_versions(server, worker):

@@ -1,0 +1,98 @@
+"""``POST /v1/tandem/generate``: many samples in one HTTP request, streamed back one by one.
+
+The actor's generation route. One request carries the samples of one dispatch (prompt,
+``max_tokens``, priority, seed each); the server starts every one of them on vLLM's own
+``AsyncLLM.generate`` at once and writes one JSON line per sample *the moment that
+sample finishes* (newline-delimited JSON): a faithful stream of completions, without
+the per-sample HTTP request, request validation and OpenAI response formatting of
+``/v1/completions``, which on a CPU core cost as much as decoding the tiny model.
+
+Each line: ``index`` (position in the request), ``token_ids``, ``logprobs`` (the
+sampling log-prob of each token), ``text``, ``prompt_token_ids``, ``finish_reason``
+and ``version_start`` / ``version_end`` — the served weight version when the sample
+was added and when it finished (an in-flight update in between makes them differ).
+A sample that fails sends ``{"index": i, "error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SampleBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    priority: int = 0
+    seed: int | None = None
+
+
+class BatchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    samples: list[SampleBody] = Field(min_length=1)
+    temperature: float = Field(1.0, ge=0)
+
+
+class BatchGenerator:
+    """Runs a :class:`BatchBody` on the engine; yields one encoded line per finished sample."""
+
+    def __init__(self, engine, current_version) -> None:
+        self.engine = engine
+        self.current_version = current_version  # () -> the served weight version
+
+    async def stream(self, body: BatchBody) -> AsyncIterator[bytes]:
+        inputs = await self.engine.renderer.render_cmpl_async(
+            [{"prompt": s.prompt} for s in body.samples]
+        )
+        lines: asyncio.Queue[bytes] = asyncio.Queue()
+        batch_id = secrets.token_hex(6)
+        tasks = [
+            asyncio.create_task(self._one(f"tandem-{batch_id}-{i}", i, s, x, body, lines))
+            for i, (s, x) in enumerate(zip(body.samples, inputs))
+        ]
+        try:
+            for _ in tasks:
+                yield await lines.get()
+        finally:
+            for t in tasks:  # a client that went away aborts what is still running
+                t.cancel()
+
+    async def _one(self, request_id, index, sample, engine_input, body, lines) -> None:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=sample.max_tokens, temperature=body.temperature, seed=sample.seed,
+            logprobs=0,
+        )  # fmt: skip
+        version_start = self.current_version()
+        try:
+            final = None
+            async for out in self.engine.generate(
+                engine_input, params, request_id, priority=sample.priority
+            ):
+                final = out
+            line = _line(index, final, version_start, self.current_version())
+        except Exception as err:  # reported on the stream, the other samples go on
+            line = {"index": index, "error": f"{type(err).__name__}: {err}"}
+        lines.put_nowait(json.dumps(line).encode() + b"\n")
+
+
+def _line(index: int, out, version_start: int, version_end: int) -> dict:
+    c = out.outputs[0]
+    token_ids = list(c.token_ids)
+    logprobs = [float(lp[t].logprob) for lp, t in zip(c.logprobs, token_ids)]
+    return {
+        "index": index,
+        "token_ids": token_ids,
+        "logprobs": logprobs,
+        "text": c.text,
+        "prompt_token_ids": list(out.prompt_token_ids),
+        "finish_reason": c.finish_reason,
+        "version_start": version_start,
+        "version_end": version_end,
+    }
