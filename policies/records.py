@@ -147,6 +147,31 @@ class SampleRecord:
     version_trained: int | None
     reward: float | None
 
+    @classmethod
+    def from_completion(
+        cls, c: Completion, iteration: int | None = None, train_step: int | None = None
+    ) -> SampleRecord:
+        """The row of a completion; trained into ``train_step`` (with that version) if given."""
+        r = c.request
+        return cls(
+            sample_id=r.sample_id,
+            prompt_id=r.prompt_id,
+            group_id=r.group_id,
+            iteration=r.iteration if iteration is None else iteration,
+            instance_id=c.instance_id,
+            prompt_tokens=r.prompt_tokens,
+            output_tokens=c.output_tokens,
+            predicted_output_tokens=r.predicted_tokens,
+            dispatch_s=c.dispatch_s,
+            gen_start_s=c.gen_start_s,
+            gen_end_s=c.gen_end_s,
+            train_step=train_step,
+            version_start=c.version_start,
+            version_end=c.version_end,
+            version_trained=train_step,
+            reward=c.reward,
+        )
+
 
 @dataclass(slots=True)
 class Span:

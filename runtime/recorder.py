@@ -52,24 +52,7 @@ class Recorder:
 
     def completion(self, c: Completion) -> None:
         r = c.request
-        self.samples[r.sample_id] = SampleRecord(
-            sample_id=r.sample_id,
-            prompt_id=r.prompt_id,
-            group_id=r.group_id,
-            iteration=self.iteration(r),
-            instance_id=c.instance_id,
-            prompt_tokens=r.prompt_tokens,
-            output_tokens=c.output_tokens,
-            predicted_output_tokens=r.predicted_tokens,
-            dispatch_s=c.dispatch_s,
-            gen_start_s=c.gen_start_s,
-            gen_end_s=c.gen_end_s,
-            train_step=None,
-            version_start=c.version_start,
-            version_end=c.version_end,
-            version_trained=None,
-            reward=c.reward,
-        )
+        self.samples[r.sample_id] = SampleRecord.from_completion(c, iteration=self.iteration(r))
 
     def trained(self, sample_ids: list[int], step: int) -> None:
         """``step`` is global; the sample is trained into version ``step + 1``... from ``step``."""

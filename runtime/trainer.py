@@ -11,8 +11,6 @@ data position, and are written atomically (temporary file + ``os.replace``).
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 import torch
 
 from policies.records import StepStats
+from policies.results import write_atomic
 from runtime.loss import effective_sample_size, rl_loss
 from runtime.weight_sync import WeightSender, params_meta
 
@@ -203,7 +202,7 @@ class Trainer:
         }
         buf = io.BytesIO()
         torch.save(state, buf)
-        _write_atomic(Path(path), buf.getvalue())
+        write_atomic(Path(path), buf.getvalue())
 
     def load_checkpoint(self, path: Path) -> Any:
         state = torch.load(Path(path), weights_only=False)
@@ -211,17 +210,3 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         return state["data"]
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

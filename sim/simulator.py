@@ -346,25 +346,8 @@ class _World:
         return RunResult(self.spec, metrics, samples, self.spans, steps)
 
     def _record(self, c: Completion) -> SampleRecord:
-        r = c.request
-        step = self.controller.train_step_of.get(c.sample_id)
-        return SampleRecord(
-            sample_id=r.sample_id,
-            prompt_id=r.prompt_id,
-            group_id=r.group_id,
-            iteration=r.iteration,
-            instance_id=c.instance_id,
-            prompt_tokens=r.prompt_tokens,
-            output_tokens=c.output_tokens,
-            predicted_output_tokens=r.predicted_tokens,
-            dispatch_s=c.dispatch_s,
-            gen_start_s=c.gen_start_s,
-            gen_end_s=c.gen_end_s,
-            train_step=step,
-            version_start=c.version_start,
-            version_end=c.version_end,
-            version_trained=step,
-            reward=None,
+        return SampleRecord.from_completion(
+            c, train_step=self.controller.train_step_of.get(c.sample_id)
         )
 
     def _cost_units(self) -> float | None:
