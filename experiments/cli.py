@@ -120,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             config_path(args.spec or "streamrl-72b"),
             ["workload.max_output_tokens=20000", *args.set],
         )
-        report = bench_sim(spec, iterations=args.iterations)
+        report = bench_sim(spec, iterations=args.iterations or 10)
     else:
         from runtime.bench import bench_live
 

@@ -11,6 +11,7 @@ from helpers import ALL_MODES, METRICS_KEYS, SAMPLE_COLUMNS, SPAN_COLUMNS, STALE
 
 from experiments import cli
 from experiments.cli import main
+from policies.modes import MODES
 from policies.spec import load_spec
 
 SPAN_KINDS = {"prefill", "decode", "train", "weight_sync", "context_switch", "idle"}
@@ -166,3 +167,12 @@ def test_sweep_whose_every_point_fails_exits_1(tmp_path, capsys):
     )
     assert code == 1
     assert "2 points, 2 failed" in _flat(capsys.readouterr().out)
+
+
+def test_bench_sim_prints_json_with_every_mode_and_the_fast_forward_speedup(capsys):
+    args = ["bench", "sim", "streamrl-7b", "--iterations", "1"]
+    assert main([*args, "--set", "algorithm.batch_size=64", "--set", "run.iterations=1"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(report["modes"]) == set(MODES.names())
+    assert all(m["wall_s"] > 0 for m in report["modes"].values())
+    assert report["fast_forward_speedup"] > 1
