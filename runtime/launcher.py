@@ -107,7 +107,7 @@ def run_live(spec: RunSpec, out_dir: Path) -> RunResult:
     token = spec.live.token or secrets.token_hex(16)
     gen_cores, train_cores = split_cores(spec.live.num_servers)
     servers: list[ServerProcess] = []
-    trainer = TrainerProcess(_trainer_config(spec, model_dir), train_cores)
+    trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores)
     try:
         urls = spec.live.server_urls or _start_servers(
             spec, model_dir, token, gen_cores, out_dir, servers
@@ -120,7 +120,8 @@ def run_live(spec: RunSpec, out_dir: Path) -> RunResult:
             stop_server(s)
 
 
-def _trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
+def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
+    """The trainer's settings from a spec (shared with the profiler)."""
     a = spec.algorithm
     return TrainerConfig(
         model_dir=model_dir, batch_size=a.batch_size, algorithm=a.name,

@@ -47,10 +47,10 @@ import pandas as pd
 from policies.records import Request
 from policies.spec import RunSpec
 from runtime.gen_client import completion_body
-from runtime.launcher import model_dir_for
+from runtime.launcher import model_dir_for, trainer_config
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.tasks import TaskPrompt, TaskSet
-from runtime.trainer import TrainerConfig, TrainItem, token_logprobs
+from runtime.trainer import TrainItem, token_logprobs
 from runtime.trainer_proc import ServerAddr, TrainerProcess
 
 Progress = Callable[[str], None]
@@ -96,7 +96,7 @@ def profile_runtime(
         0, model_dir, "127.0.0.1", free_port(), token, gen_cores, live.kv_cache_gib,
         live.max_model_len, pool.max_num_seqs, out_dir / "logs",
     )  # fmt: skip
-    trainer = TrainerProcess(_trainer_config(spec, model_dir), train_cores)
+    trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores)
     try:
         wait_healthy(server, live.startup_timeout_s)
         tick("server up")
@@ -112,15 +112,6 @@ def profile_runtime(
     info |= _describe(spec, model_dir, gen_cores, train_cores, kv_tokens, plan)
     write_profile(out_dir, tables, info)
     return out_dir
-
-
-def _trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
-    a = spec.algorithm
-    return TrainerConfig(
-        model_dir=model_dir, batch_size=a.batch_size, algorithm=a.name,
-        learning_rate=a.learning_rate, clip_epsilon=a.clip_epsilon, kl_coef=a.kl_coef,
-        seed=spec.run.seed, num_threads=spec.live.trainer_threads,
-    )  # fmt: skip
 
 
 # -- generation: decode and prefill -------------------------------------------------------
@@ -303,7 +294,7 @@ def _measure_training(spec, plan, tasks, model_dir, cores, tick) -> tuple[list[d
     saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cores)
     try:
-        trainer = Trainer(_trainer_config(spec, model_dir))
+        trainer = Trainer(trainer_config(spec, model_dir))
         trainer.initialise()
         vocab = trainer.model.config.vocab_size
         _time_train_step(trainer, train_items(tasks, 4, 0, vocab), step=0)  # warm-up
