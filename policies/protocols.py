@@ -1,16 +1,19 @@
-"""Protocols: the seams between a policy and what executes it.
+"""Protocols: the seams between a policy and what it needs to know.
 
-The simulator (``sim``) and the live runtime (``runtime``) each provide
-implementations; the policies and pipeline controllers are written against these.
+Policies price work through a :class:`CostModel` and rank requests through a
+:class:`LengthPredictor`; the simulator and the live runtime each provide
+implementations. Generation and training backends meet the pipeline controllers through
+events and commands instead (``policies.modes.events``): the simulator's SimPy processes
+and the runtime's asyncio tasks feed the same controller and execute its commands.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from policies.records import Completion, InflightHandling, Request, StepStats, TrainBatch
+from policies.records import Request
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,27 +48,3 @@ class LengthPredictor(Protocol):
     def fit(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None: ...
 
     def predict(self, requests: Sequence[Request]) -> list[float | None]: ...
-
-
-@runtime_checkable
-class GenerationBackend(Protocol):
-    """A generation instance: takes requests, streams completions, loads new weights."""
-
-    async def submit(self, request: Request) -> None: ...
-
-    def completions(self) -> AsyncIterator[Completion]: ...
-
-    async def update_weights(self, version: int, inflight: InflightHandling) -> float:
-        """Load weights ``version``; returns the pause (seconds) generation saw."""
-        ...
-
-
-@runtime_checkable
-class TrainBackend(Protocol):
-    """A trainer: consumes batches, takes optimizer steps, exports weights."""
-
-    async def consume(self, batch: TrainBatch) -> None: ...
-
-    async def step(self, step: int) -> StepStats: ...
-
-    async def export_weights(self, version: int) -> None: ...
