@@ -98,18 +98,6 @@ class InstanceView:
 
 
 @dataclass(slots=True)
-class TrainBatch:
-    """Completions fed to the trainer as part of optimizer step ``step``."""
-
-    step: int
-    completions: list[Completion]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.request.prompt_tokens + c.output_tokens for c in self.completions)
-
-
-@dataclass(slots=True)
 class StepStats:
     """What the trainer reports after an optimizer step."""
 

@@ -79,7 +79,6 @@ class ClusterSection(_Section):
     generation: list[GenerationPool] = Field(default_factory=lambda: [GenerationPool()])
     trainer: TrainerPool = Field(default_factory=TrainerPool)
     network: NetworkSection = Field(default_factory=NetworkSection)
-    gpus_per_node: int = Field(8, ge=1)
 
     @model_validator(mode="after")
     def _nonempty(self) -> ClusterSection:

@@ -86,14 +86,6 @@ def split_prompts(
     return trace[~test].reset_index(drop=True), trace[test].reset_index(drop=True)
 
 
-def default_cut(trace: pd.DataFrame) -> int:
-    """The first iteration of the last epoch-like block: the last iteration seen, or half."""
-    iterations = np.unique(trace["iteration"].to_numpy())
-    if len(iterations) < 2:
-        raise ValueError("a later-epoch evaluation needs a trace with at least two iterations")
-    return int(iterations[len(iterations) // 2])
-
-
 def score(ranker: RankerPredictor, test: pd.DataFrame, online: bool) -> dict[str, RankMetrics]:
     """Ranker and baseline metrics on ``test``; ``online``: its earlier iterations are history."""
     preds = ranker.predict_tokens(test, test if online else None)
