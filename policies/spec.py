@@ -251,6 +251,11 @@ class LiveSection(_Section):
     )
     micro_batch_samples: int = Field(8, ge=1, description="samples per trainer micro-batch")
     trainer_threads: int = Field(1, ge=1, description="torch threads of the trainer process")
+    trainer_nice: int = Field(
+        0, ge=0, le=19,
+        description="niceness of the trainer process: >0 lets the generation server's frontend "
+        "and the actor, which run on any core, go first on the trainer's core",
+    )  # fmt: skip
     startup_timeout_s: float = Field(300.0, gt=0, description="wait for a server's /health")
 
 

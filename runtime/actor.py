@@ -21,6 +21,7 @@ boundary, and the recorder maps each sample back to its own iteration.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
 from collections.abc import Callable
@@ -57,6 +58,14 @@ class ActorConfig:
     step_offset: int = 0  # first global step of this (possibly resumed) run
     checkpoint_path: str | None = None
     checkpoint_every: int = 1
+    sampling_seed: int | None = 0  # per-sample seeds from (this, sample id); None: unseeded
+
+    def seed_of(self, request: Request) -> int | None:
+        """The sampling seed of one sample: the same sample draws the same random numbers
+        in every run and mode (its tokens still differ where the weights do)."""
+        if self.sampling_seed is None:
+            return None
+        return (self.sampling_seed * 1_000_003 + request.sample_id) % 2**31
 
 
 class Actor:
@@ -80,7 +89,10 @@ class Actor:
         self.groups = GroupBook(config.group_size)
         self.pauses_s: list[float] = []
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._jobs: asyncio.Queue[Callable[[], Any]] = asyncio.Queue()
+        self._jobs = _JobQueue()
+        self._push_order = asyncio.Lock()  # pushes reach the trainer in command order
+        self._idle = asyncio.Event()  # set while no request is running on any server
+        self._idle.set()
         self._tasks: set[asyncio.Task] = set()
         self._t0 = 0.0
         self._time_offset_s = 0.0
@@ -95,9 +107,15 @@ class Actor:
 
     # -- the loop -------------------------------------------------------------------------
 
-    async def run(self, time_offset_s: float = 0.0) -> float:
-        """Drive the controller to ``Finish``; returns the run's end time (seconds)."""
+    def start_clock(self, time_offset_s: float = 0.0) -> None:
+        """Start the run's clock at ``time_offset_s`` (a resumed run goes on from its
+        checkpoint's time); before the initial weight load, so that load is on it too."""
         self._t0, self._time_offset_s = time.perf_counter(), time_offset_s
+
+    async def run(self) -> float:
+        """Drive the controller to ``Finish``; returns the run's end time (seconds)."""
+        if not self._t0:
+            self.start_clock()
         trainer_task = asyncio.create_task(self._trainer_loop())
         try:
             await self._execute(self.controller.handle(Start(self.now())))
@@ -117,13 +135,13 @@ class Actor:
             if isinstance(cmd, Dispatch):
                 self._dispatch(cmd)
             elif isinstance(cmd, TrainSamples):
-                self._jobs.put_nowait(lambda c=cmd: self._train(c))
+                self._jobs.put(lambda c=cmd: self._train(c))
             elif isinstance(cmd, OptimizerStep):
-                self._jobs.put_nowait(lambda c=cmd: self._step(c))
+                self._jobs.put(lambda c=cmd: self._step(c))
             elif isinstance(cmd, PushWeights):
-                self._jobs.put_nowait(lambda c=cmd: self._push(c.version, c.inflight))
+                self._spawn(self._push(cmd.version, cmd.inflight))
             elif isinstance(cmd, SwitchContext):
-                self._jobs.put_nowait(lambda c=cmd: self._switch(c))
+                self._jobs.put(lambda c=cmd: self._switch(c))
             elif isinstance(cmd, Finish):
                 return
             else:
@@ -140,6 +158,7 @@ class Actor:
         dispatch_s = self.now()
         for _ in cmd.requests:
             self.recorder.sent(cmd.instance_id, dispatch_s)
+        self._idle.clear()
         self._spawn(self._generate(cmd.instance_id, cmd.requests, dispatch_s))
 
     async def _generate(
@@ -147,12 +166,16 @@ class Actor:
     ) -> None:
         """One streamed request per dispatch; each completion is consumed as it arrives."""
         priorities = [int(self.priority(r)) for r in requests]
-        seeds = [None] * len(requests)  # a live run is not bit-reproducible anyway
+        seeds = [self.config.seed_of(r) for r in requests]
         client = self.clients[instance_id]
         try:
             async for out in client.stream(requests, dispatch_s, self.now, priorities, seeds):
                 request = out.completion.request
                 self.recorder.returned(instance_id, self.now(), self.recorder.iteration(request))
+                if not any(self.recorder.outstanding(i) for i in self.clients):
+                    # before the sample's event: a push waiting for the servers to drain
+                    # reaches the trainer ahead of the jobs this last sample will queue
+                    self._idle.set()
                 c = self._finished(out)
                 self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
         except Exception as err:
@@ -169,7 +192,7 @@ class Actor:
             version_end=c.version_end - self.config.step_offset,
         )  # fmt: skip
 
-    # -- training and weights (one job at a time, in command order) ------------------------
+    # -- training and weights (one job at a time, in command order; pushes go first) -------
 
     async def _trainer_loop(self) -> None:
         while True:
@@ -226,10 +249,24 @@ class Actor:
         }
 
     async def _push(self, local_version: int, inflight: InflightHandling) -> None:
-        if inflight != InflightHandling.KEEP:  # barrier/drain: wait for running requests
-            while any(self.recorder.outstanding(i) for i in self.clients):
-                await asyncio.sleep(0.005)
-        await self.push_now(self._global(local_version))
+        """Push the weights of ``local_version`` as soon as the servers may take them.
+
+        A push is issued once the step that made its weights is done, so every trainer
+        job still queued belongs to a later step: the push goes ahead of them (train
+        jobs only accumulate gradients, later steps would change the weights). With
+        ``barrier``/``drain`` it first waits for the running requests to finish, outside
+        the trainer's queue, which keeps training the samples streaming in meanwhile."""
+        async with self._push_order:
+            if inflight != InflightHandling.KEEP:
+                await self._idle.wait()
+            pushed = asyncio.Event()
+
+            async def job() -> None:
+                await self.push_now(self._global(local_version))
+                pushed.set()
+
+            self._jobs.put_first(job)
+            await pushed.wait()
         for i in self.clients:
             self._events.put_nowait(WeightsLoaded(self.now(), i, local_version))
 
@@ -249,6 +286,28 @@ class Actor:
             await self.push_now(self._global(self.controller.latest_version))
         self.recorder.span("trainer", SpanKind.CONTEXT_SWITCH, start, self.now())
         self._events.put_nowait(ContextSwitched(self.now(), cmd.to))
+
+
+class _JobQueue:
+    """The trainer's jobs: FIFO, except that :meth:`put_first` jumps the queue."""
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[Callable[[], Any]] = collections.deque()
+        self._ready = asyncio.Event()
+
+    def put(self, job: Callable[[], Any]) -> None:
+        self._jobs.append(job)
+        self._ready.set()
+
+    def put_first(self, job: Callable[[], Any]) -> None:
+        self._jobs.appendleft(job)
+        self._ready.set()
+
+    async def get(self) -> Callable[[], Any]:
+        while not self._jobs:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._jobs.popleft()
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ class BatchGenerator:
     def __init__(self, engine, current_version) -> None:
         self.engine = engine
         self.current_version = current_version  # () -> the served weight version
+        self.tokenizer = engine.get_tokenizer()
 
     async def stream(self, body: BatchBody) -> AsyncIterator[bytes]:
         inputs = await self.engine.renderer.render_cmpl_async(
@@ -64,10 +65,14 @@ class BatchGenerator:
 
     async def _one(self, request_id, index, sample, engine_input, body, lines) -> None:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
+        # FINAL_ONLY: the engine hands over each sample once, when it finishes, instead of
+        # a cumulative output every decode step; detokenize=False: the text is decoded once
+        # at the end (_line) rather than incrementally at every step
         params = SamplingParams(
             max_tokens=sample.max_tokens, temperature=body.temperature, seed=sample.seed,
-            logprobs=0,
+            logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
         )  # fmt: skip
         version_start = self.current_version()
         try:
@@ -76,13 +81,13 @@ class BatchGenerator:
                 engine_input, params, request_id, priority=sample.priority
             ):
                 final = out
-            line = _line(index, final, version_start, self.current_version())
+            line = _line(index, final, version_start, self.current_version(), self.tokenizer)
         except Exception as err:  # reported on the stream, the other samples go on
             line = {"index": index, "error": f"{type(err).__name__}: {err}"}
         lines.put_nowait(json.dumps(line).encode() + b"\n")
 
 
-def _line(index: int, out, version_start: int, version_end: int) -> dict:
+def _line(index: int, out, version_start: int, version_end: int, tokenizer) -> dict:
     c = out.outputs[0]
     token_ids = list(c.token_ids)
     logprobs = [float(lp[t].logprob) for lp, t in zip(c.logprobs, token_ids)]
@@ -90,7 +95,7 @@ def _line(index: int, out, version_start: int, version_end: int) -> dict:
         "index": index,
         "token_ids": token_ids,
         "logprobs": logprobs,
-        "text": c.text,
+        "text": tokenizer.decode(token_ids, skip_special_tokens=True),
         "prompt_token_ids": list(out.prompt_token_ids),
         "finish_reason": c.finish_reason,
         "version_start": version_start,

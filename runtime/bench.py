@@ -11,7 +11,8 @@ Three figures, each measured the same way for everything it compares:
   dispatch in one streamed request, each completion parsed and rewarded as it arrives,
   with token ids and sampling log-probs) over vLLM's own batched generate on the same
   server (one ``/v1/completions`` request carrying every prompt, returning text only —
-  its cheapest form, so the ratio errs against the actor). Tokens/s is output tokens
+  its cheapest form, so the ratio errs against the actor). Both paths sample with the
+  same seed, so they generate the same tokens and the ratio measures overhead alone. Tokens/s is output tokens
   over the wave's wall time, from the first byte sent to the last completion consumed;
   waves alternate between the two paths so that drift in machine load hits both alike;
 * **median in-flight update pause** — the pause the server reported for every weight
@@ -42,6 +43,7 @@ from runtime.server import SERVED_MODEL_NAME
 from runtime.tasks import TaskPromptSource, TaskSet
 
 MODES = ("disagg-sync", "stream-sync", "stream-async", "pipeline")
+STEPS = 20  # per mode: live-tiny's iterations vary a lot in length (a long tail), average
 DEFAULT_CONFIG = (
     Path(__file__).resolve().parent.parent / "experiments" / "configs" / "live-tiny.yaml"
 )
@@ -59,7 +61,7 @@ def _rate(waves: list[WaveRate]) -> float:
 
 
 async def raw_wave(
-    http: httpx.AsyncClient, requests: list[Request], temperature: float
+    http: httpx.AsyncClient, requests: list[Request], temperature: float, seed: int
 ) -> WaveRate:
     """vLLM's own batched generate: one ``/v1/completions`` request with every prompt,
     asking for nothing beyond the text (its cheapest form)."""
@@ -68,6 +70,7 @@ async def raw_wave(
         "prompt": [r.prompt for r in requests],
         "max_tokens": requests[0].max_tokens,
         "temperature": temperature,
+        "seed": seed,
     }
     start = time.perf_counter()
     resp = await http.post("/v1/completions", json=body)
@@ -76,7 +79,9 @@ async def raw_wave(
     return WaveRate(resp.json()["usage"]["completion_tokens"], wall_s)
 
 
-async def actor_wave(client: GenerationClient, requests: list[Request], tasks: TaskSet) -> WaveRate:
+async def actor_wave(
+    client: GenerationClient, requests: list[Request], tasks: TaskSet, seed: int
+) -> WaveRate:
     """The actor's path: one streamed request for the wave (as the actor dispatches it),
     each completion parsed and rewarded the moment it arrives, with token ids and
     sampling log-probs."""
@@ -84,7 +89,8 @@ async def actor_wave(client: GenerationClient, requests: list[Request], tasks: T
     start = clock()
     num_tokens = 0
     priorities = [0] * len(requests)
-    async for out in client.stream(requests, start, clock, priorities, [None] * len(requests)):
+    seeds = [seed] * len(requests)
+    async for out in client.stream(requests, start, clock, priorities, seeds):
         tasks.reward(out.completion.request.prompt_id, out.text)
         num_tokens += out.completion.output_tokens
     return WaveRate(num_tokens, clock() - start)
@@ -98,15 +104,17 @@ async def compare_generation(spec: RunSpec, url: str, num_waves: int) -> dict:
     raw: list[WaveRate] = []
     actor: list[WaveRate] = []
     try:
-        await actor_wave(client, source.batch(num_waves), tasks)  # warm connections and caches
+        # warm connections and caches
+        await actor_wave(client, source.batch(num_waves), tasks, spec.run.seed)
         for i in range(num_waves):
             requests = source.batch(i)
             paths = [("raw", raw), ("actor", actor)]
             for name, out in paths if i % 2 else paths[::-1]:
+                seed = spec.run.seed + i  # the same sampling seed on both paths: same tokens
                 if name == "raw":
-                    out.append(await raw_wave(client.http, requests, spec.live.temperature))
+                    out.append(await raw_wave(client.http, requests, spec.live.temperature, seed))
                 else:
-                    out.append(await actor_wave(client, requests, tasks))
+                    out.append(await actor_wave(client, requests, tasks, seed))
     finally:
         await client.aclose()
     actor_tps, raw_tps = _rate(actor), _rate(raw)
@@ -114,6 +122,8 @@ async def compare_generation(spec: RunSpec, url: str, num_waves: int) -> dict:
         "actor_tokens_per_s": actor_tps,
         "raw_vllm_tokens_per_s": raw_tps,
         "actor_over_raw": actor_tps / raw_tps if raw_tps else None,
+        "actor_output_tokens": sum(w.output_tokens for w in actor),
+        "raw_output_tokens": sum(w.output_tokens for w in raw),
         "generation_waves": num_waves,
     }
 
@@ -128,12 +138,12 @@ def bench_live(
     config: RunSpec | str | Path | None = None,
     steps: int | None = None,
     out_dir: str | Path | None = None,
-    num_waves: int = 6,
+    num_waves: int = 12,
 ) -> dict:
-    """Run each mode for ``steps`` optimizer steps on one server; return the figures."""
+    """Run each mode for ``steps`` (default :data:`STEPS`) optimizer steps on one server;
+    return the figures."""
     base = _as_spec(config)
-    if steps is not None:
-        base.run.iterations = steps
+    base.run.iterations = steps or STEPS
     out = Path(out_dir or tempfile.mkdtemp(prefix="tandem-bench-"))
     token = secrets.token_hex(8)
     server = start_server(

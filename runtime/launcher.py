@@ -107,7 +107,7 @@ def run_live(spec: RunSpec, out_dir: Path) -> RunResult:
     token = spec.live.token or secrets.token_hex(16)
     gen_cores, train_cores = split_cores(spec.live.num_servers)
     servers: list[ServerProcess] = []
-    trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores)
+    trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores, spec.live.trainer_nice)
     try:
         urls = spec.live.server_urls or _start_servers(
             spec, model_dir, token, gen_cores, out_dir, servers
@@ -127,6 +127,7 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
         model_dir=model_dir, batch_size=a.batch_size, algorithm=a.name,
         learning_rate=a.learning_rate, clip_epsilon=a.clip_epsilon, kl_coef=a.kl_coef,
         seed=spec.run.seed, num_threads=spec.live.trainer_threads,
+        micro_batch_samples=spec.live.micro_batch_samples,
     )  # fmt: skip
 
 
@@ -170,8 +171,9 @@ async def _run(spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, toke
         remaining = spec.run.iterations - offset
         if remaining > 0:
             actor = _make_actor(spec, clients, trainer, recorder, trained_ids, offset, str(ckpt))
+            actor.start_clock(time_offset_s)
             await actor.push_now(offset)  # the servers serve the trainer's weights
-            end_s = await actor.run(time_offset_s)
+            end_s = await actor.run()
     finally:
         for c in clients.values():
             await c.aclose()
@@ -202,7 +204,7 @@ def _make_actor(spec, clients, trainer, recorder, trained_ids, offset: int, ckpt
     )  # fmt: skip
     config = ActorConfig(
         group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
-        checkpoint_every=spec.live.checkpoint_every,
+        checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
     )  # fmt: skip
     scheduling = SCHEDULING.create(spec.policies.scheduling)
     return Actor(config, controller, clients, trainer, tasks, scheduling.priority, recorder)

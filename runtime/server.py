@@ -30,6 +30,7 @@ from starlette.middleware import Middleware
 
 from runtime.batch_gen import BatchBody, BatchGenerator
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
+from runtime.procs import ENGINE_CORES_ENV
 from runtime.weight_sync import ParamMeta
 
 SERVED_MODEL_NAME = "tandem"
@@ -193,6 +194,20 @@ def vllm_args(
     )  # fmt: skip
 
 
+def restrict_for_engine_start(cores: str | None) -> set[int]:
+    """Restrict this process to ``cores`` ("0,1") so that the engine core (scheduler) and
+    model worker processes it is about to spawn inherit them; returns the affinity to
+    restore once they run, so that this process (the HTTP frontend) runs anywhere.
+
+    The scheduler and the worker busy-wait on each other between decode steps (vLLM's
+    shared-memory queue spins for up to a second): on the worker's own core that spin
+    yields to the worker; on another core it would take CPU from the trainer."""
+    before = os.sched_getaffinity(0)
+    if cores:
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+    return before
+
+
 async def _serve(args: argparse.Namespace, token: str | None) -> None:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
@@ -200,7 +215,9 @@ async def _serve(args: argparse.Namespace, token: str | None) -> None:
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
 
     _, sock = setup_server(args, reuse_port=False)
+    frontend_cores = restrict_for_engine_start(os.environ.get(ENGINE_CORES_ENV))
     async with build_async_engine_client(args) as engine:
+        os.sched_setaffinity(0, frontend_cores)
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         control = ServerControl(engine, checkpoint_manifest(args.model))

@@ -35,6 +35,7 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     seed: int = 0
     num_threads: int = 1
+    micro_batch_samples: int = 8  # samples per forward/backward (a call is split into these)
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,12 +117,21 @@ class Trainer:
     # -- forward / backward ----------------------------------------------------------
 
     def train(self, items: list[TrainItem], now_s: float) -> float:
-        """Forward and backward over one micro-batch, accumulated into the current step."""
+        """Forward and backward over ``items``, accumulated into the current step: in
+        micro-batches of ``micro_batch_samples`` sequences of similar length (sorted, so
+        that a whole batch handed over at once is not padded to its longest sample)."""
         if not items:
             return 0.0
         start = time.perf_counter()
         acc = self._acc
         acc.start_s = now_s if acc.start_s is None else acc.start_s
+        ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.output_ids))
+        size = self.config.micro_batch_samples
+        loss = sum(self._micro_batch(ordered[i : i + size]) for i in range(0, len(ordered), size))
+        acc.busy_s += time.perf_counter() - start
+        return loss
+
+    def _micro_batch(self, items: list[TrainItem]) -> float:
         logp, mask = token_logprobs(self.model, items)
         out = rl_loss(
             logp,
@@ -136,7 +146,6 @@ class Trainer:
         )
         out.loss.backward()
         self._note(items, mask, out.loss, out.weights)
-        acc.busy_s += time.perf_counter() - start
         return float(out.loss.detach())
 
     def _ref_logprobs(self, items: list[TrainItem]) -> torch.Tensor | None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from runtime.trainer import Trainer, TrainerConfig, TrainItem
 
 
@@ -35,21 +37,25 @@ class PushResult:
     stages_ms: list[dict[str, float]]  # per server: receive / check / load durations
 
 
-def _post(server: ServerAddr, route: str, body: dict, out: list, i: int, timeout_s: float) -> None:
-    import httpx
-
+def _post(
+    http: httpx.Client, server: ServerAddr, route: str, body: dict, out: list, i: int,
+    timeout_s: float,
+) -> None:  # fmt: skip
     headers = {"Authorization": f"Bearer {server.token}"} if server.token else {}
     try:
-        resp = httpx.post(server.base_url + route, json=body, headers=headers, timeout=timeout_s)
+        resp = http.post(server.base_url + route, json=body, headers=headers, timeout=timeout_s)
         out[i] = resp
     except Exception as err:  # reported by the caller
         out[i] = err
 
 
-def _fan_out(servers: list[ServerAddr], route: str, bodies: list[dict], timeout_s: float):
+def _fan_out(
+    http: httpx.Client, servers: list[ServerAddr], route: str, bodies: list[dict],
+    timeout_s: float,
+):  # fmt: skip
     out: list[Any] = [None] * len(servers)
     threads = [
-        threading.Thread(target=_post, args=(s, route, b, out, i, timeout_s), daemon=True)
+        threading.Thread(target=_post, args=(http, s, route, b, out, i, timeout_s), daemon=True)
         for i, (s, b) in enumerate(zip(servers, bodies))
     ]
     for t in threads:
@@ -76,6 +82,9 @@ class TrainerWorker:
     def __init__(self, config: TrainerConfig) -> None:
         self.trainer = Trainer(config)
         self.servers: list[ServerAddr] = []
+        # one pooled client for every control call: a new httpx client costs tens of ms
+        # (it builds a TLS context), which would sit on every push's critical path
+        self.http = httpx.Client()
 
     def initialise(self, checkpoint: str | None) -> Any:
         self.trainer.initialise()
@@ -91,7 +100,7 @@ class TrainerWorker:
              "backend": backend, "timeout_s": 60.0}
             for i in range(len(servers))
         ]  # fmt: skip
-        threads, out = _fan_out(servers, "/init_process_group", bodies, 90.0)
+        threads, out = _fan_out(self.http, servers, "/init_process_group", bodies, 90.0)
         self.trainer.sender.join(host, port, world, backend, 60.0)
         _join(threads, out, "/init_process_group")
 
@@ -100,7 +109,7 @@ class TrainerWorker:
         flats = self.trainer.sender.pack(named)  # before any server pauses
         body = {"version": version, "params": self.trainer.weights_meta()}
         threads, out = _fan_out(
-            self.servers, "/request_weight_update", [body] * len(self.servers), 120.0
+            self.http, self.servers, "/request_weight_update", [body] * len(self.servers), 120.0
         )
         self.trainer.sender.send(flats)
         answers = _join(threads, out, "/request_weight_update")
@@ -126,9 +135,11 @@ class TrainerWorker:
 _CALLS = ("initialise", "join_group", "push_weights", "train", "step", "checkpoint", "checksums")
 
 
-def _serve_calls(conn, config: TrainerConfig, cores: list[int] | None) -> None:
+def _serve_calls(conn, config: TrainerConfig, cores: list[int] | None, nice: int) -> None:
     if cores:
         os.sched_setaffinity(0, cores)
+    if nice:
+        os.nice(nice)
     worker = TrainerWorker(config)
     while True:
         msg = conn.recv()
@@ -145,9 +156,12 @@ def _serve_calls(conn, config: TrainerConfig, cores: list[int] | None) -> None:
 class TrainerProcess:
     """Client of the trainer child process; each call is awaited without blocking the loop."""
 
-    def __init__(self, config: TrainerConfig, cores: list[int] | None = None) -> None:
+    def __init__(
+        self, config: TrainerConfig, cores: list[int] | None = None, nice: int = 0
+    ) -> None:
         self.config = config
         self.cores = cores
+        self.nice = nice
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
         self._lock = asyncio.Lock()
@@ -156,7 +170,7 @@ class TrainerProcess:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve_calls, args=(child, self.config, self.cores), daemon=True
+            target=_serve_calls, args=(child, self.config, self.cores, self.nice), daemon=True
         )
         self._proc.start()
         self._conn = parent

@@ -1,0 +1,49 @@
+"""The trainer splits a call into sorted micro-batches without changing the gradient."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.trainer import Trainer, TrainerConfig, TrainItem
+
+pytestmark = pytest.mark.live
+
+
+def _items(n: int, vocab: int) -> list[TrainItem]:
+    g = torch.Generator().manual_seed(0)
+    items = []
+    for i in range(n):
+        prompt = torch.randint(
+            3, vocab, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g
+        )
+        out = torch.randint(3, vocab, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g)
+        items.append(
+            TrainItem(
+                sample_id=i, prompt_ids=tuple(prompt.tolist()), output_ids=tuple(out.tolist()),
+                logprobs_old=tuple([-2.0] * len(out)), advantage=float(i % 3 - 1), reward=0.0,
+                version_start=0,
+            )
+        )  # fmt: skip
+    return items
+
+
+def _grads(model_dir: str, micro: int, calls: list[list[TrainItem]]) -> tuple[dict, float]:
+    trainer = Trainer(TrainerConfig(model_dir, batch_size=16, micro_batch_samples=micro))
+    trainer.initialise()
+    loss = sum(trainer.train(items, 0.0) for items in calls)
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}, loss
+
+
+def test_one_call_in_micro_batches_accumulates_the_gradient_of_the_whole_batch(model_dir):
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    items = _items(16, vocab)
+    whole, loss_whole = _grads(model_dir, 16, [items])
+    split, loss_split = _grads(model_dir, 3, [items])
+    streamed, _ = _grads(model_dir, 16, [items[:5], items[5:11], items[11:]])
+    assert loss_split == pytest.approx(loss_whole, rel=1e-4)
+    for name, g in whole.items():
+        assert torch.allclose(split[name], g, rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(streamed[name], g, rtol=1e-4, atol=1e-6), name
+    assert any(g.abs().sum() > 0 for g in whole.values())
