@@ -252,7 +252,10 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("spec", nargs="?", default=None)
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     bench.add_argument(
-        "--iterations", type=int, default=None, help="iterations per mode (default: 10 sim, 20 live)"
+        "--iterations",
+        type=int,
+        default=None,
+        help="iterations per mode (default: 10 sim, 20 live)",
     )
     bench.set_defaults(func=cmd_bench)
 
