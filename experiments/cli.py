@@ -75,7 +75,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.live:
         from runtime.launcher import run_live
 
-        result = run_live(spec, out)
+        ranker = None
+        if spec.policies.length_predictor == "ranker":
+            from ranker.online import RankerPredictor
+
+            ranker = RankerPredictor()  # learns from this run's completions as they finish
+        result = run_live(spec, out, ranker)
     else:
         from rich.progress import Progress
 

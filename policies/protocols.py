@@ -48,3 +48,11 @@ class LengthPredictor(Protocol):
     def fit(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None: ...
 
     def predict(self, requests: Sequence[Request]) -> list[float | None]: ...
+
+
+@runtime_checkable
+class OnlineLengthPredictor(LengthPredictor, Protocol):
+    """A predictor that learns from finished samples while the run goes on (the ranker);
+    ``update`` must return at once (refits happen in the background)."""
+
+    def update(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None: ...

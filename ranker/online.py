@@ -60,6 +60,10 @@ class RankerPredictor:
         self.fit_trace(trace_frame(requests, output_tokens))
 
     def predict(self, requests: Sequence[Request]) -> list[float | None]:
+        """Predicted tokens; None for every request until a first fit or refresh has
+        landed (a live run's ranker starts empty and learns from its own completions)."""
+        if self._fitted is None:
+            return [None for _ in requests]
         return [float(x) for x in self.predict_tokens(requests_frame(requests))]
 
     # -- frames -------------------------------------------------------------------------

@@ -59,6 +59,7 @@ class ActorConfig:
     checkpoint_path: str | None = None
     checkpoint_every: int = 1
     sampling_seed: int | None = 0  # per-sample seeds from (this, sample id); None: unseeded
+    length_update_every: int = 32  # finished samples per update of an online length predictor
 
     def seed_of(self, request: Request) -> int | None:
         """The sampling seed of one sample: the same sample draws the same random numbers
@@ -78,6 +79,7 @@ class Actor:
         tasks: TaskSet,
         priority: Callable[[Request], float],
         recorder: Recorder,
+        learn_lengths: Callable[[list[Request], list[int]], None] | None = None,
     ) -> None:
         self.config = config
         self.controller = controller
@@ -86,6 +88,8 @@ class Actor:
         self.tasks = tasks
         self.priority = priority
         self.recorder = recorder
+        self.learn_lengths = learn_lengths  # an online length predictor's update, if any
+        self._lengths_seen: tuple[list[Request], list[int]] = ([], [])
         self.groups = GroupBook(config.group_size)
         self.pauses_s: list[float] = []
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -185,12 +189,25 @@ class Actor:
         c = out.completion
         c.reward = self.tasks.reward(c.request.prompt_id, out.text)
         self.recorder.completion(c)
+        self._learn_length(c.request, c.output_tokens)
         self.groups.finished(c, out.prompt_ids)
         # the controller counts versions from this run's start
         return dataclasses.replace(
             c, version_start=c.version_start - self.config.step_offset,
             version_end=c.version_end - self.config.step_offset,
         )  # fmt: skip
+
+    def _learn_length(self, request: Request, output_tokens: int) -> None:
+        """Hand finished lengths to an online predictor in batches (its refit runs in a
+        background thread: the loop does not wait for it)."""
+        if self.learn_lengths is None:
+            return
+        requests, tokens = self._lengths_seen
+        requests.append(request)
+        tokens.append(output_tokens)
+        if len(requests) >= self.config.length_update_every:
+            self._lengths_seen = ([], [])
+            self.learn_lengths(requests, tokens)
 
     # -- training and weights (one job at a time, in command order; pushes go first) -------
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from policies.dispatch import DISPATCH
 from policies.modes import MODES, build_controller
 from policies.predictors import PREDICTORS
+from policies.protocols import LengthPredictor, OnlineLengthPredictor
 from policies.records import InflightHandling, InstanceView, Request, SampleRecord, Span, SpanKind
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
@@ -98,8 +99,14 @@ def _check_supported(spec: RunSpec) -> None:
         pass  # both work: the oracle is the task's answer length; elastic never scales live
 
 
-def run_live(spec: RunSpec, out_dir: Path) -> RunResult:
-    """Run ``spec`` on real vLLM servers and a torch trainer; write and return the result."""
+def run_live(
+    spec: RunSpec, out_dir: Path, length_predictor: LengthPredictor | None = None
+) -> RunResult:
+    """Run ``spec`` on real vLLM servers and a torch trainer; write and return the result.
+
+    ``length_predictor``: the predictor behind ``policies.length_predictor: ranker`` (built
+    by the caller, e.g. an empty ``ranker.online.RankerPredictor``); one that can
+    ``update`` learns from the run's own completions as they finish."""
     _check_supported(spec)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +120,7 @@ def run_live(spec: RunSpec, out_dir: Path) -> RunResult:
             spec, model_dir, token, gen_cores, out_dir, servers
         )
         trainer.start()
-        return asyncio.run(_run(spec, out_dir, trainer, urls, token))
+        return asyncio.run(_run(spec, out_dir, trainer, urls, token, length_predictor))
     finally:
         trainer.stop()
         for s in servers:
@@ -153,7 +160,9 @@ def _start_servers(spec, model_dir, token, cores, out_dir, servers) -> list[str]
     return [s.base_url for s in servers]
 
 
-async def _run(spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, token) -> RunResult:
+async def _run(
+    spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, token, length_predictor
+) -> RunResult:
     ckpt = out_dir / "checkpoints" / "last.pt"
     data = await trainer.call("initialise", str(ckpt))
     recorder, trained_ids = Recorder(), set()
@@ -170,7 +179,9 @@ async def _run(spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, toke
         end_s = time_offset_s
         remaining = spec.run.iterations - offset
         if remaining > 0:
-            actor = _make_actor(spec, clients, trainer, recorder, trained_ids, offset, str(ckpt))
+            actor = _make_actor(
+                spec, clients, trainer, recorder, trained_ids, offset, str(ckpt), length_predictor
+            )
             actor.start_clock(time_offset_s)
             await actor.push_now(offset)  # the servers serve the trainer's weights
             end_s = await actor.run()
@@ -190,7 +201,9 @@ def _restored(data: dict, offset: int) -> Recorder:
     return recorder
 
 
-def _make_actor(spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str) -> Actor:
+def _make_actor(
+    spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str, length_predictor
+) -> Actor:
     streams = RngStreams(spec.run.seed)
     tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
     source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
@@ -198,8 +211,9 @@ def _make_actor(spec, clients, trainer, recorder, trained_ids, offset: int, ckpt
     recorder.iteration_of = prompts.iteration_of
     local = spec.model_copy(deep=True)
     local.run.iterations = spec.run.iterations - offset
+    predictor = _predictor(spec, tasks, streams, length_predictor)
     controller = build_controller(
-        local, prompts, _predictor(spec, tasks, streams),
+        local, prompts, predictor,
         _dispatch(spec, streams), _views(spec, len(clients)), spec.live.micro_batch_samples,
     )  # fmt: skip
     config = ActorConfig(
@@ -207,12 +221,16 @@ def _make_actor(spec, clients, trainer, recorder, trained_ids, offset: int, ckpt
         checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
     )  # fmt: skip
     scheduling = SCHEDULING.create(spec.policies.scheduling)
-    return Actor(config, controller, clients, trainer, tasks, scheduling.priority, recorder)
+    learn = predictor.update if isinstance(predictor, OnlineLengthPredictor) else None
+    return Actor(config, controller, clients, trainer, tasks, scheduling.priority, recorder, learn)
 
 
-def _predictor(spec: RunSpec, tasks: TaskSet, streams: RngStreams):
+def _predictor(
+    spec: RunSpec, tasks: TaskSet, streams: RngStreams, ranker: LengthPredictor | None
+) -> LengthPredictor:
     return PREDICTORS.create(
         spec.policies.length_predictor,
+        ranker=ranker,
         truth=lambda r: tasks[r.prompt_id].expected_output_tokens,
         rng=streams.get("predictor"),
         target_recall=spec.policies.predictor_recall,

@@ -95,3 +95,21 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tm
         assert (samples["iteration"] == samples["train_step"]).all()
     assert (samples["iteration"] == samples["sample_id"] // 16).all()
     assert [s["step"] for s in result.steps] == list(range(5))
+
+
+def test_a_live_ranker_learns_from_the_runs_own_completions(server, token, tmp_path):
+    from ranker.online import RankerPredictor
+
+    overrides = _overrides(server, token, "stream-async", 8)
+    overrides += ["workload.num_prompts=8", "policies.length_predictor=ranker"]
+    spec = load_spec(CONFIG, overrides)
+    ranker = RankerPredictor()
+    run_live(spec, tmp_path, ranker)
+    samples = pd.read_parquet(tmp_path / "samples.parquet")
+    predicted = samples.groupby("iteration")["predicted_output_tokens"].apply(
+        lambda p: p.notna().all()
+    )
+    assert not predicted[0]  # nothing to learn from before the first completions
+    assert predicted[7]  # later iterations are dispatched on the ranker's predictions
+    assert ranker.num_refreshes >= 1
+    assert len(ranker.observations) >= 8 * 16 - 32  # every finished sample, in batches of 32
