@@ -197,6 +197,10 @@ def sim_spec_for(live_spec: RunSpec, trace_path: Path, cost_model_dir: Path) -> 
     data["workload"] |= {"kind": "trace", "trace_path": str(trace_path)}
     data["workload"]["final_max_output_tokens"] = None
     data["sim"]["cost_model"] = f"profiled:{cost_model_dir}"
+    # the twin's trainer takes the micro-batches the live trainer took (the sim sizes them
+    # per trainer GPU; live they are live.micro_batch_samples)
+    gpus = live_spec.cluster.trainer.num_gpus
+    data["algorithm"]["micro_batch_per_gpu"] = -(-live_spec.live.micro_batch_samples // gpus)
     return RunSpec.model_validate(data)
 
 

@@ -128,6 +128,12 @@ def test_sim_spec_replays_the_trace_with_the_calibrated_model(tmp_path):
     assert spec.sim.cost_model == f"profiled:{tmp_path / 'cm'}"
 
 
+def test_the_sim_twin_trains_in_the_live_runs_micro_batches(tmp_path):
+    live = load_spec(CONFIG, ["live.micro_batch_samples=6"])
+    spec = sim_spec_for(live, tmp_path / "t.parquet", tmp_path / "cm")
+    assert spec.cluster.trainer.num_gpus * spec.algorithm.micro_batch_per_gpu == 6
+
+
 def test_write_report_writes_table_and_plots(tmp_path):
     cases = [
         Case("disagg-sync", "rr", _result(1.0, [0, 0, 0, 0]), _result(1.05, [0, 0, 0, 0])),
