@@ -12,8 +12,9 @@ Three figures, each measured the same way for everything it compares:
   with token ids and sampling log-probs) over vLLM's own batched generate on the same
   server (one ``/v1/completions`` request carrying every prompt, returning text only —
   its cheapest form, so the ratio errs against the actor). Both paths sample with the
-  same seed, so they generate the same tokens and the ratio measures overhead alone. Tokens/s is output tokens
-  over the wave's wall time, from the first byte sent to the last completion consumed;
+  same seed, so they generate the same tokens and the ratio measures overhead alone.
+  Tokens/s is output tokens over the wave's wall time, from the first byte sent to the
+  last completion consumed;
   waves alternate between the two paths so that drift in machine load hits both alike;
 * **median in-flight update pause** — the pause the server reported for every weight
   update of the ``pipeline`` run (all of them land while requests are running), and
