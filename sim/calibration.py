@@ -151,8 +151,14 @@ def calibrate_operator(name: str, frame: pd.DataFrame) -> OperatorCalibration:
     missing = ({target} | set(inputs.values())) - set(frame.columns)
     if missing:
         raise ValueError(f"profile for {name}: missing column(s) {', '.join(sorted(missing))}")
+    # a differential timing (e.g. a decode step from two burst lengths) swamped by noise
+    # can come out <= 0: not a duration, and it would break the relative error
+    frame = frame[frame[target] > 0]
     if len(frame) < 2:
-        raise ValueError(f"profile for {name}: need at least 2 measurements, got {len(frame)}")
+        raise ValueError(
+            f"profile for {name}: need at least 2 positive measurements of {target}, "
+            f"got {len(frame)}"
+        )
     y = frame[target].to_numpy(float)
     scores, preds = {}, {}
     for bases in candidates:
