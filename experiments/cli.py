@@ -130,7 +130,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from runtime.bench import bench_live
 
         spec = load_spec(config_path(args.spec or "live-tiny"), args.set)
-        report = bench_live(spec, steps=args.iterations)
+        report = bench_live(spec, steps=args.iterations, rounds=args.rounds)
     print(json.dumps(report))
     return 0
 
@@ -180,8 +180,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
-    from experiments.fidelity import FidelityPlan, run_fidelity
+    from experiments.fidelity import FidelityPlan, load_cases, run_fidelity, write_report
 
+    if args.report_only:
+        report = write_report(load_cases(Path(args.out)), Path(args.out))
+        console.print(report.markdown())
+        console.print(f"fidelity report rewritten in [bold]{args.out}[/bold]")
+        return 0
+    if not args.modes:
+        raise ValueError("--modes is required (unless --report-only)")
     if bool(args.profile) == bool(args.cost_model):
         raise ValueError("give exactly one of --profile PROFILE_DIR and --cost-model DIR")
     plan = FidelityPlan(
@@ -189,6 +196,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         dispatches=tuple(args.dispatch.split(",")) if args.dispatch else (None,),
         profile_dir=Path(args.profile) if args.profile else None,
         cost_model_dir=Path(args.cost_model) if args.cost_model else None,
+        repeats=args.repeats,
     )
     report = run_fidelity(_load(args), plan, Path(args.out), console)
     console.print(report.markdown())
@@ -262,6 +270,9 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="iterations per mode (default: 10 sim, 20 live)",
     )
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="live: rounds of every mode (seeds run.seed + r)"
+    )
     bench.set_defaults(func=cmd_bench)
 
 
@@ -286,11 +297,17 @@ def _add_live_commands(sub: argparse._SubParsersAction) -> None:
 
     fid = sub.add_parser("fidelity", help="run a spec live and in the calibrated sim; compare")
     _with_spec(fid, "live-tiny")
-    fid.add_argument("--modes", required=True, metavar="M1,M2", help="pipeline modes")
+    fid.add_argument("--modes", metavar="M1,M2", help="pipeline modes")
     fid.add_argument("--dispatch", default=None, metavar="D1,D2", help="dispatch policies")
     fid.add_argument("--profile", help="profile directory (calibrated into OUT/cost-model)")
     fid.add_argument("--cost-model", help="directory of an existing cost_model.json")
+    fid.add_argument(
+        "--repeats", type=int, default=1, help="live runs per case (seeds run.seed + r); medians"
+    )
     fid.add_argument("--out", required=True, help="report directory")
+    fid.add_argument(
+        "--report-only", action="store_true", help="rewrite the report of the cases in --out"
+    )
     fid.set_defaults(func=cmd_fidelity)
 
     model = sub.add_parser("model", help="the embedded tiny model")

@@ -7,10 +7,16 @@ the live run's lengths: a ``trace`` workload whose prompt ``k`` is the live run'
 group (its prompt tokens and output lengths, in order), so both runs see the same
 samples in the same iterations.
 
+With ``repeats`` > 1 every case runs that many times live (seeds ``run.seed + r``, the
+repeats interleaved across cases so drift on the machine spreads over all of them), each
+with its own twin; a case's live and sim figures are the medians over its repeats, its
+error the median of the repeats' own errors (each live run against the twin that replayed
+it), and ``repeats.csv`` keeps every run's throughput.
+
 Writes ``fidelity.csv`` (one row per case and metric: live, sim, relative error
-``sim / live - 1``), ``fidelity.md`` (the table, the throughput summary and the ranking
-of modes), ``bars.png``, ``lags.png`` and ``timeline-overlay.png``; each case's live and
-sim result directories are under ``cases/``.
+``sim / live - 1``), ``fidelity.md`` (the table, the throughput summary, the ranking
+of modes and every run's throughput), ``repeats.csv``, ``bars.png``, ``lags.png`` and ``timeline-overlay.png``; each case's live and
+sim result directories are under ``cases/MODE-DISPATCH/repeat-R/``.
 """
 
 from __future__ import annotations
@@ -44,18 +50,37 @@ class FidelityPlan:
     profile_dir: Path | None = None  # calibrated into OUT/cost-model
     cost_model_dir: Path | None = None
     overlay_iteration: int = 2  # the iteration of the timeline overlay
+    repeats: int = 1  # live runs per case, each with its own sim twin
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
 
 
 @dataclass(slots=True)
 class Case:
+    """One (mode, dispatch): its live runs and, at the same index, each one's sim twin."""
+
     mode: str
     dispatch: str
-    live: RunResult
-    sim: RunResult
+    lives: list[RunResult]
+    sims: list[RunResult]
+
+    def __post_init__(self) -> None:
+        if not self.lives or len(self.lives) != len(self.sims):
+            raise ValueError(f"{self.name}: need one sim twin per live run")
 
     @property
     def name(self) -> str:
         return f"{self.mode}·{self.dispatch}"
+
+    @property
+    def live(self) -> RunResult:
+        return self.lives[0]
+
+    @property
+    def sim(self) -> RunResult:
+        return self.sims[0]
 
 
 # -- comparison (pure) ----------------------------------------------------------------------
@@ -82,13 +107,51 @@ def lag_distance(live: dict[int, int], sim: dict[int, int]) -> float:
     return 0.5 * sum(abs(live.get(k, 0) / n_live - sim.get(k, 0) / n_sim) for k in keys)
 
 
+def median_metrics(results: list[RunResult]) -> dict[str, float | None]:
+    """Each metric of :data:`METRICS` as the median over the runs that report it."""
+    out: dict[str, float | None] = {}
+    for key in METRICS:
+        values = [r.metrics[key] for r in results if r.metrics.get(key) is not None]
+        out[key] = float(statistics.median(values)) if values else None
+    return out
+
+
+def paired_errors(lives: list[RunResult], sims: list[RunResult]) -> dict[str, float | None]:
+    """Each metric's median over repeats of ``sim_r / live_r - 1``: every live run against
+    its own twin (the repeats sample different seeds, so different workloads)."""
+    out: dict[str, float | None] = {}
+    for key in METRICS:
+        errors = [
+            relative_error(a.metrics.get(key), b.metrics.get(key)) for a, b in zip(lives, sims)
+        ]
+        known = [e for e in errors if e is not None]
+        out[key] = float(statistics.median(known)) if known else None
+    return out
+
+
+def pooled_lag_counts(results: list[RunResult]) -> dict[int, int]:
+    total: Counter[int] = Counter()
+    for r in results:
+        total.update(lag_counts(r.samples_frame()))
+    return dict(sorted(total.items()))
+
+
 def compare_case(
-    mode: str, dispatch: str, live: dict, sim: dict, live_lags: dict, sim_lags: dict
+    mode: str,
+    dispatch: str,
+    live: dict,
+    sim: dict,
+    live_lags: dict,
+    sim_lags: dict,
+    errors: dict[str, float | None] | None = None,
 ) -> list[dict]:
-    """One row per metric of :data:`METRICS`, plus the lag distributions' distance."""
+    """One row per metric of :data:`METRICS` (error: ``errors[key]`` if given, else from
+    ``live`` and ``sim``), plus the lag distributions' distance."""
+    if errors is None:
+        errors = {key: relative_error(live.get(key), sim.get(key)) for key in METRICS}
     rows = [
         {"mode": mode, "dispatch": dispatch, "metric": key, "live": live.get(key),
-         "sim": sim.get(key), "rel_error": relative_error(live.get(key), sim.get(key))}
+         "sim": sim.get(key), "rel_error": errors[key]}
         for key in METRICS
     ]  # fmt: skip
     rows.append(
@@ -161,20 +224,60 @@ def markdown_table(frame: pd.DataFrame, summary: Summary) -> str:
 class FidelityReport:
     frame: pd.DataFrame
     summary: Summary
+    repeats: pd.DataFrame
 
     def markdown(self) -> str:
-        return markdown_table(self.frame, self.summary)
+        return markdown_table(self.frame, self.summary) + repeats_table(self.repeats)
+
+
+def repeats_table(repeats: pd.DataFrame) -> str:
+    """Every run's throughput (live, its twin, error), and each case's live spread."""
+    lines = ["", "Throughput of every run (samples/s). The case rows above give the medians of "
+             "live and sim, and the median of these paired errors:", "",
+             "| mode | dispatch | repeat | seed | live | sim | error |",
+             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for _, r in repeats.iterrows():
+        lines.append(
+            f"| {r['mode']} | {r['dispatch']} | {r['repeat']} | {r['seed']} | "
+            f"{_fmt(r['live'])} | {_fmt(r['sim'])} | {_fmt(r['rel_error'], pct=True)} |"
+        )
+    if repeats["repeat"].max() > 0:
+        spread = live_spread(repeats)
+        lines += ["", "Live spread over the repeats ((max − min) / median throughput; the "
+                  "seeds differ, so this is workload and noise): " + ", ".join(
+            f"{m}·{d} {v:.1%}" for m, d, v in spread.itertuples(index=False)
+        ) + "."]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def build_report(cases: list[Case]) -> FidelityReport:
     rows = []
     for c in cases:
         rows += compare_case(
-            c.mode, c.dispatch, c.live.metrics, c.sim.metrics,
-            lag_counts(c.live.samples_frame()), lag_counts(c.sim.samples_frame()),
+            c.mode, c.dispatch, median_metrics(c.lives), median_metrics(c.sims),
+            pooled_lag_counts(c.lives), pooled_lag_counts(c.sims), paired_errors(c.lives, c.sims),
         )  # fmt: skip
     frame = pd.DataFrame(rows)
-    return FidelityReport(frame, summarise(frame))
+    return FidelityReport(frame, summarise(frame), repeat_frame(cases))
+
+
+def repeat_frame(cases: list[Case]) -> pd.DataFrame:
+    """Every live run's throughput next to its own twin's, one row per repeat."""
+    key = "throughput_samples_per_s"
+    rows = [
+        {"mode": c.mode, "dispatch": c.dispatch, "repeat": r, "seed": live.spec.run.seed,
+         "live": live.metrics[key], "sim": sim.metrics[key],
+         "rel_error": relative_error(live.metrics[key], sim.metrics[key])}
+        for c in cases
+        for r, (live, sim) in enumerate(zip(c.lives, c.sims))
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def live_spread(repeats: pd.DataFrame) -> pd.DataFrame:
+    """Per case: the live runs' throughput range over their median (seeds and noise)."""
+    grouped = repeats.groupby(["mode", "dispatch"], sort=False)["live"]
+    return ((grouped.max() - grouped.min()) / grouped.median()).rename("live_spread").reset_index()
 
 
 # -- the sim twin of a live run --------------------------------------------------------------
@@ -217,8 +320,11 @@ def simulate_twin(live: RunResult, case_dir: Path, cost_model_dir: Path) -> RunR
 # -- orchestration ------------------------------------------------------------------------
 
 
-def case_spec(base: RunSpec, mode: str, dispatch: str | None, url: str, token: str) -> RunSpec:
+def case_spec(
+    base: RunSpec, mode: str, dispatch: str | None, url: str, token: str, repeat: int = 0
+) -> RunSpec:
     data = base.model_dump(mode="json")
+    data["run"]["seed"] = base.run.seed + repeat
     data["pipeline"]["mode"] = mode
     if dispatch is not None:
         data["policies"]["dispatch"] = dispatch
@@ -260,33 +366,61 @@ def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> 
         live.kv_cache_gib, live.max_model_len, base.cluster.generation[0].max_num_seqs,
         out / "logs",
     )  # fmt: skip
-    cases = []
+    cases: dict[tuple[str, str], Case] = {}
     try:
         wait_healthy(server, live.startup_timeout_s)
         warm_up_server(server.base_url, base)  # as the profile did: no case runs cold
-        for mode in plan.modes:
-            for dispatch in plan.dispatches:
-                spec = case_spec(base, mode, dispatch, server.base_url, token)
-                case_dir = out / "cases" / f"{mode}-{spec.policies.dispatch}"
-                live_result = run_live(spec, case_dir / "live")
-                sim_result = simulate_twin(live_result, case_dir, cost_dir)
-                cases.append(Case(mode, spec.policies.dispatch, live_result, sim_result))
-                if console is not None:
-                    _print_case(console, cases[-1])
+        for repeat in range(plan.repeats):  # outermost: drift spreads over every case
+            for mode in plan.modes:
+                for dispatch in plan.dispatches:
+                    spec = case_spec(base, mode, dispatch, server.base_url, token, repeat)
+                    name = f"{mode}-{spec.policies.dispatch}"
+                    case_dir = out / "cases" / name / f"repeat-{repeat}"
+                    live_result = run_live(spec, case_dir / "live")
+                    sim_result = simulate_twin(live_result, case_dir, cost_dir)
+                    key = (mode, spec.policies.dispatch)
+                    if key in cases:
+                        cases[key].lives.append(live_result)
+                        cases[key].sims.append(sim_result)
+                    else:
+                        cases[key] = Case(mode, key[1], [live_result], [sim_result])
+                    if console is not None:
+                        _print_run(console, name, repeat, live_result, sim_result)
     finally:
         stop_server(server)
-    return write_report(cases, out, plan.overlay_iteration)
+    return write_report(list(cases.values()), out, plan.overlay_iteration)
 
 
-def _print_case(console, case: Case) -> None:
-    a = case.live.metrics["throughput_samples_per_s"]
-    b = case.sim.metrics["throughput_samples_per_s"]
-    console.print(f"{case.name}: live {a:.3f} samples/s, sim {b:.3f} ({b / a - 1:+.1%})")
+def load_cases(out: Path) -> list[Case]:
+    """The cases a :func:`run_fidelity` wrote under ``out/cases`` (to report them again)."""
+    cases: dict[tuple[str, str], Case] = {}
+    runs = list((out / "cases").glob("*/repeat-*"))
+    if not runs:
+        raise ValueError(f"{out}: no cases/*/repeat-*/ directories (not a fidelity report)")
+    # in the order they ran: by repeat, then by when each live run finished
+    order = {d: (int(d.name.removeprefix("repeat-")), (d / "live" / "metrics.json").stat().st_mtime)
+             for d in runs}  # fmt: skip
+    for run_dir in sorted(runs, key=order.__getitem__):
+        live, sim = RunResult.load(run_dir / "live"), RunResult.load(run_dir / "sim")
+        key = (live.spec.pipeline.mode, live.spec.policies.dispatch)
+        if key in cases:
+            cases[key].lives.append(live)
+            cases[key].sims.append(sim)
+        else:
+            cases[key] = Case(*key, [live], [sim])
+    return list(cases.values())
+
+
+def _print_run(console, name: str, repeat: int, live: RunResult, sim: RunResult) -> None:
+    a = live.metrics["throughput_samples_per_s"]
+    b = sim.metrics["throughput_samples_per_s"]
+    console.print(f"{name} #{repeat}: live {a:.3f} samples/s, sim {b:.3f} ({b / a - 1:+.1%})")
 
 
 def write_report(cases: list[Case], out: Path, overlay_iteration: int = 2) -> FidelityReport:
     report = build_report(cases)
     report.frame.to_csv(out / "fidelity.csv", index=False)
+    report.repeats.to_csv(out / "repeats.csv", index=False)
     (out / "fidelity.md").write_text(report.markdown())
     bars(report.frame, out / "bars.png")
     lag_histograms(cases, out / "lags.png")
@@ -325,7 +459,7 @@ def lag_histograms(cases: list[Case], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(cases), figsize=(2.6 * len(cases), 2.8), squeeze=False)
     for ax, c in zip(axes[0], cases):
-        live, sim = lag_counts(c.live.samples_frame()), lag_counts(c.sim.samples_frame())
+        live, sim = pooled_lag_counts(c.lives), pooled_lag_counts(c.sims)
         keys = np.array(sorted(set(live) | set(sim)))
         n_live, n_sim = sum(live.values()) or 1, sum(sim.values()) or 1
         ax.bar(keys - 0.2, [live.get(k, 0) / n_live for k in keys], 0.4, label="live")

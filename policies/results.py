@@ -179,6 +179,28 @@ class RunResult:
         frame = pd.DataFrame(rows, columns=SPAN_COLUMNS)
         return frame.astype({"iteration": "Int64", "batch_size": "Int64"})
 
+    @classmethod
+    def load(cls, out_dir: str | Path) -> RunResult:
+        """The result a :meth:`save` wrote to ``out_dir`` (sim or live)."""
+        import pandas as pd
+
+        from policies.spec import load_spec
+
+        out = Path(out_dir)
+        spec = load_spec(out / "spec.yaml")
+        metrics = json.loads((out / "metrics.json").read_text())
+        samples = [
+            SampleRecord(**_plain(row))
+            for row in pd.read_parquet(out / "samples.parquet").to_dict("records")
+        ]
+        spans = []
+        for row in pd.read_parquet(out / "events.parquet").to_dict("records"):
+            row = _plain(row)
+            spans.append(Span(**{**row, "kind": SpanKind(row["kind"])}))
+        steps_path = out / "steps.json"
+        steps = json.loads(steps_path.read_text()) if steps_path.exists() else []
+        return cls(spec, metrics, samples, spans, steps)
+
     def save(self, out_dir: str | Path) -> Path:
         """Write spec.yaml, metrics.json, samples.parquet, events.parquet (each atomically)."""
         out = Path(out_dir)
@@ -190,6 +212,13 @@ class RunResult:
         if self.steps:
             write_atomic(out / "steps.json", json.dumps(self.steps, indent=2).encode())
         return out
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """A parquet row with missing values as None and numpy scalars as Python ones."""
+    import pandas as pd
+
+    return {k: None if pd.isna(v) else getattr(v, "item", lambda v=v: v)() for k, v in row.items()}
 
 
 def _parquet_bytes(frame: Any) -> bytes:

@@ -4,7 +4,11 @@ Three figures, each measured the same way for everything it compares:
 
 * **samples/s per mode** (``disagg-sync``, ``stream-sync``, ``stream-async``,
   ``pipeline``) — each mode runs ``steps`` optimizer steps of the same spec against the
-  same server; the ratio of each to ``disagg-sync``;
+  same server, in ``rounds`` rounds: round ``r`` samples with seed ``run.seed + r`` and
+  runs the modes in an order rotated by ``r``, so drift in machine load and the length of
+  what a seed happens to sample hit every mode alike. A mode's samples/s is all its
+  samples over all its run time; the ratio of each to ``disagg-sync``, and each round's
+  ratios (their spread is the run-to-run noise);
 * **actor over raw vLLM** — the generation tokens/s of one wave (one iteration's batch:
   same prompts, temperature and ``max_tokens``, every sample in flight at once) sent
   through the actor's path (:meth:`runtime.gen_client.GenerationClient.stream`: the
@@ -36,6 +40,7 @@ from pathlib import Path
 import httpx
 
 from policies.records import Request
+from policies.results import RunResult
 from policies.spec import RunSpec, load_spec
 from runtime.gen_client import GenerationClient
 from runtime.launcher import model_dir_for, run_live
@@ -44,7 +49,8 @@ from runtime.server import SERVED_MODEL_NAME
 from runtime.tasks import TaskPromptSource, TaskSet
 
 MODES = ("disagg-sync", "stream-sync", "stream-async", "pipeline")
-STEPS = 20  # per mode: live-tiny's iterations vary a lot in length (a long tail), average
+STEPS = 20  # per mode and round: live-tiny's iterations vary a lot in length (a long tail)
+ROUNDS = 3
 DEFAULT_CONFIG = (
     Path(__file__).resolve().parent.parent / "experiments" / "configs" / "live-tiny.yaml"
 )
@@ -140,9 +146,12 @@ def bench_live(
     steps: int | None = None,
     out_dir: str | Path | None = None,
     num_waves: int = 12,
+    rounds: int = ROUNDS,
 ) -> dict:
-    """Run each mode for ``steps`` (default :data:`STEPS`) optimizer steps on one server;
-    return the figures."""
+    """Run each mode for ``steps`` (default :data:`STEPS`) optimizer steps per round on one
+    server; return the figures."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     base = _as_spec(config)
     base.run.iterations = steps or STEPS
     out = Path(out_dir or tempfile.mkdtemp(prefix="tandem-bench-"))
@@ -154,33 +163,56 @@ def bench_live(
     try:
         wait_healthy(server, base.live.startup_timeout_s)
         generation = asyncio.run(compare_generation(base, server.base_url, num_waves))
-        return {**_bench_modes(base, server.base_url, token, out), **generation}
+        return {**bench_modes(base, server.base_url, token, out, rounds), **generation}
     finally:
         stop_server(server)
 
 
-def _bench_modes(base: RunSpec, url: str, token: str, out: Path) -> dict:
-    rates: dict[str, float] = {}
-    pauses: dict[str, list[float]] = {}
-    for mode in MODES:
-        spec = base.model_copy(deep=True)
-        spec.live.server_urls, spec.live.token, spec.pipeline.mode = [url], token, mode
-        result = run_live(spec, out / mode)
-        rates[mode] = result.metrics["throughput_samples_per_s"]
-        pauses[mode] = _update_pauses_s(result)
+def round_order(round_index: int) -> tuple[str, ...]:
+    """The modes in round ``round_index``: :data:`MODES` rotated, so each runs in turn first."""
+    k = round_index % len(MODES)
+    return MODES[k:] + MODES[:k]
+
+
+def bench_modes(base: RunSpec, url: str, token: str, out: Path, rounds: int = ROUNDS) -> dict:
+    """Every mode for ``base.run.iterations`` steps per round against the server at ``url``."""
+    runs: list[dict[str, RunResult]] = []
+    for r in range(rounds):
+        runs.append({})
+        for mode in round_order(r):
+            spec = base.model_copy(deep=True)
+            spec.live.server_urls, spec.live.token, spec.pipeline.mode = [url], token, mode
+            spec.run.seed = base.run.seed + r
+            runs[-1][mode] = run_live(spec, out / f"round-{r}" / mode)
+    return {**mode_figures(runs), "steps": base.run.iterations}
+
+
+def mode_figures(runs: list[dict[str, RunResult]]) -> dict:
+    """Samples/s per mode (all its samples over all its time), ratios to ``disagg-sync``
+    overall and per round, and the update pauses; ``runs[r][mode]`` is round ``r``'s run."""
+    samples = {m: sum(r[m].metrics["num_samples_trained"] for r in runs) for m in MODES}
+    wall_s = {m: sum(r[m].metrics["makespan_s"] for r in runs) for m in MODES}
+    totals = {m: samples[m] / wall_s[m] for m in MODES}
+    per_round = [
+        {m: r[m].metrics["throughput_samples_per_s"] / r["disagg-sync"].metrics[
+            "throughput_samples_per_s"] for m in MODES}
+        for r in runs
+    ]  # fmt: skip
+    pauses = {m: [p for r in runs for p in _update_pauses_s(r[m])] for m in MODES}
     inflight = pauses["pipeline"]
     every = [p for ps in pauses.values() for p in ps]
     return {
-        "samples_per_s": rates,
-        "ratio_to_disagg_sync": {m: r / rates["disagg-sync"] for m, r in rates.items()},
+        "samples_per_s": totals,
+        "ratio_to_disagg_sync": {m: totals[m] / totals["disagg-sync"] for m in MODES},
+        "ratio_to_disagg_sync_per_round": per_round,
         "median_update_pause_ms": statistics.median(inflight) * 1e3 if inflight else None,
         "num_inflight_updates": len(inflight),
         "median_update_pause_all_modes_ms": statistics.median(every) * 1e3 if every else None,
-        "steps": base.run.iterations,
+        "rounds": len(runs),
     }
 
 
-def _update_pauses_s(result) -> list[float]:
+def _update_pauses_s(result: RunResult) -> list[float]:
     """Pauses of the weight updates after the first (the run's initial load, before any
     generation); in ``pipeline`` mode every one of them lands during generation."""
     events = result.spans_frame()

@@ -20,14 +20,23 @@ Everything is measured through the paths a live run uses:
   ``/request_weight_update``; half the pushes land while a burst is generating
   (in flight). ``transfer_s`` is the push as the trainer sees it, ``pause_s`` the pause
   the server's generation saw.
+* **decode under training** — bursts at ``contended_batch_sizes``, alternately with the
+  trainer idle and with the trainer process training micro-batches without pause: the
+  two cores of one host share caches and memory bandwidth, so the modes that overlap the
+  stages decode slower (``slowdown`` = busy / idle; the sim's ``decode_slowdown``,
+  applied while its trainer computes); and micro-batches trained through the trainer
+  process alternately with the generation core idle and during a decode burst
+  (``train_contended.csv``, the sim's ``train_slowdown``, applied to a train job that
+  starts while an instance decodes).
 
-Writes ``decode.csv``, ``prefill.csv``, ``train.csv``, ``weight_sync.csv`` and
-``profile.json`` (hardware, model, KV capacity, versions, date).
+Writes ``decode.csv``, ``prefill.csv``, ``train.csv``, ``weight_sync.csv``,
+``decode_contended.csv``, ``train_contended.csv`` and ``profile.json`` (hardware, model, KV capacity, versions, date).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -37,7 +46,7 @@ import secrets
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -66,11 +75,16 @@ class ProfilePlan:
     micro_batch_samples: tuple[int, ...] = (2, 4, 12, 16)
     train_repeats: int = 3  # micro-batches (different prompts) per size
     num_pushes: int = 6  # weight pushes, every second one in flight
+    contended_batch_sizes: tuple[int, ...] = (3, 20, 64)  # decode again, the trainer busy
+    contended_micro_batches: tuple[int, ...] = (4, 12)  # train again, generation busy
 
     @property
     def num_measurements(self) -> int:
         decode = len(self.batch_sizes) * (1 + len(self.max_tokens))
-        return 1 + decode + len(self.micro_batch_samples) * self.train_repeats + self.num_pushes
+        contended = len(self.contended_batch_sizes) * len(self.max_tokens)
+        contended += len(self.contended_micro_batches)
+        train = len(self.micro_batch_samples) * self.train_repeats
+        return 1 + decode + train + self.num_pushes + contended
 
 
 @dataclass(slots=True)
@@ -79,6 +93,8 @@ class ProfileTables:
     prefill: list[dict]
     train: list[dict]
     weight_sync: list[dict]
+    decode_contended: list[dict] = field(default_factory=list)
+    train_contended: list[dict] = field(default_factory=list)
 
 
 def profile_runtime(
@@ -172,7 +188,12 @@ async def _measure_server(spec, plan, tasks, url, token, trainer, tick) -> Profi
         tick("warm-up")
         decode, prefill = await _measure_decode(http, url, plan, tasks, temperature, tick)
         sync = await _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tick)
-    return ProfileTables(decode, prefill, [], sync)
+        items = train_items(tasks, spec.live.micro_batch_samples, 11, _vocab_size(spec))
+        contended = await _measure_contended_decode(
+            http, plan, tasks, trainer, items, temperature, tick
+        )
+        trained = await _measure_contended_training(http, plan, tasks, trainer, spec, tick)
+    return ProfileTables(decode, prefill, [], sync, contended, trained)
 
 
 # idle connections expire before uvicorn's 5 s keep-alive closes them under us
@@ -246,6 +267,86 @@ async def _measure_decode(http, url, plan, tasks, temperature, tick) -> tuple[li
             )
             tick(f"decode {batch}×{steps}")
     return decode, prefill
+
+
+async def _measure_contended_decode(http, plan, tasks, trainer, items, temperature, tick) -> list:
+    """The same burst with the trainer core idle and with the trainer process training
+    micro-batches without pause, alternating (``repeats`` pairs, medians): on one host the
+    two stages share caches and memory bandwidth, and the modes that overlap them decode
+    ``slowdown`` = busy / idle times slower. A ratio of whole bursts, not a difference of
+    two, so the noise of one burst is not amplified."""
+    rows = []
+    for k, batch in enumerate(plan.contended_batch_sizes):
+        prompts = _prompts(tasks, batch, offset=17 * k + 5)
+        for steps in plan.max_tokens:
+            idle, busy = [], []
+            for _ in range(plan.repeats + 1):
+                idle.append(await burst_s(http, prompts, steps, temperature))
+                async with _trainer_busy(trainer, items):
+                    busy.append(await burst_s(http, prompts, steps, temperature))
+            idle_s, busy_s = statistics.median(idle), statistics.median(busy)
+            rows.append(
+                {"batch_size": batch, "max_tokens": steps, "idle_burst_s": idle_s,
+                 "busy_burst_s": busy_s, "slowdown": busy_s / idle_s}
+            )  # fmt: skip
+            tick(f"decode {batch}×{steps}, trainer idle / busy")
+    return rows
+
+
+async def _measure_contended_training(http, plan, tasks, trainer, spec, tick) -> list[dict]:
+    """Micro-batches trained through the trainer process (as a live run calls it), with
+    the generation core idle and then during a long decode burst, alternating: the
+    training side of the same contention (``slowdown`` = busy / idle)."""
+    vocab = _vocab_size(spec)
+    prompts = _prompts(tasks, 20, offset=41)
+    rows = []
+    for k, size in enumerate(plan.contended_micro_batches):
+        items = train_items(tasks, size, offset=23 * k + 1, vocab=vocab)
+        idle, busy = [], []
+        for _ in range(plan.train_repeats):
+            idle.append(await _call_s(trainer, "train", items, 0.0))
+            burst = asyncio.create_task(burst_s(http, prompts, 112, spec.live.temperature))
+            await asyncio.sleep(0.2)  # the burst is decoding
+            busy.append(await _call_s(trainer, "train", items, 0.0))
+            await burst
+        idle_s, busy_s = statistics.median(idle), statistics.median(busy)
+        rows.append(
+            {"num_tokens": sum(len(i.prompt_ids) + len(i.output_ids) for i in items),
+             "num_samples": size, "idle_s": idle_s, "busy_s": busy_s, "slowdown": busy_s / idle_s}
+        )  # fmt: skip
+        tick(f"train {size} samples, generation idle / busy")
+    return rows
+
+
+async def _call_s(trainer, name: str, *args) -> float:  # noqa: ANN001 - TrainerProcess
+    start = time.perf_counter()
+    await trainer.call(name, *args)
+    return time.perf_counter() - start
+
+
+@contextlib.asynccontextmanager
+async def _trainer_busy(trainer, items: list[TrainItem]):  # noqa: ANN202 - context manager
+    """The trainer process trains ``items`` over and over until the block exits."""
+    stop = asyncio.Event()
+    started = asyncio.Event()
+
+    async def loop() -> None:
+        while not stop.is_set():
+            started.set()
+            await trainer.call("train", items, 0.0)
+
+    task = asyncio.create_task(loop())
+    await started.wait()
+    await asyncio.sleep(0.05)  # the first micro-batch is under way
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+def _vocab_size(spec: RunSpec) -> int:
+    return int(json.loads((Path(model_dir_for(spec)) / "config.json").read_text())["vocab_size"])
 
 
 # -- weight sync: real pushes, idle and in flight ------------------------------------------
@@ -401,6 +502,8 @@ def _describe(spec, model_dir, gen_cores, train_cores, kv_tokens, plan) -> dict:
 
 def write_profile(out_dir: Path, tables: ProfileTables, info: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("decode", "prefill", "train", "weight_sync"):
-        pd.DataFrame(getattr(tables, name)).to_csv(out_dir / f"{name}.csv", index=False)
+    tables_ = ("decode", "prefill", "train", "weight_sync", "decode_contended", "train_contended")
+    for name in tables_:
+        if getattr(tables, name):
+            pd.DataFrame(getattr(tables, name)).to_csv(out_dir / f"{name}.csv", index=False)
     (out_dir / "profile.json").write_text(json.dumps(info, indent=2))

@@ -67,6 +67,8 @@ OPERATORS = (
     "weight_transfer",
     "weight_pause",
 )
+# measured by newer profiles only: decode while the trainer computes on the same host
+OPTIONAL_OPERATORS = ("decode_slowdown", "train_slowdown")
 
 
 @dataclass(slots=True)
@@ -84,7 +86,8 @@ class CalibratedCostModel:
         missing = [op for op in OPERATORS if op not in data["operators"]]
         if missing:
             raise ValueError(f"{path}: missing operator(s) {', '.join(missing)}")
-        fits = {op: OperatorFit.from_dict(data["operators"][op]) for op in OPERATORS}
+        present = OPERATORS + tuple(op for op in OPTIONAL_OPERATORS if op in data["operators"])
+        fits = {op: OperatorFit.from_dict(data["operators"][op]) for op in present}
         return cls(
             fits,
             float(data["weight_bytes"]),
@@ -93,9 +96,18 @@ class CalibratedCostModel:
         )
 
     def decode_law(self, device: Device, n: int) -> DecodeLaw:
-        f = self.fits["decode"]
-        p0 = f.coef("1") + f.coef("n") * n + f.coef("n^2") * n * n
-        return DecodeLaw(n=n, p0=to_ticks(p0), p1=to_ticks(f.coef("ctx")), q0=0, q1=0)
+        return _law(self.fits["decode"], n)
+
+    def contended_decode_law(self, device: Device, n: int) -> DecodeLaw | None:
+        """Decode while the trainer computes: the idle law times the profiled
+        ``decode_slowdown`` at batch ``n`` (on one host the two stages share caches and
+        memory bandwidth; never faster than idle). None if not profiled."""
+        fit = self.fits.get("decode_slowdown")
+        if fit is None:
+            return None
+        factor = max(1.0, fit(n=n))
+        law = _law(self.fits["decode"], n)
+        return DecodeLaw(n=n, p0=round(law.p0 * factor), p1=round(law.p1 * factor), q0=0, q1=0)
 
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
         return to_seconds(self.decode_law(device, max(1, batch_size)).step(context_tokens))
@@ -106,18 +118,37 @@ class CalibratedCostModel:
     def train_s(self, device: Device, num_tokens: int) -> float:
         return self.fits["forward"](tokens=num_tokens) + self.fits["backward"](tokens=num_tokens)
 
+    def contended_train_s(self, device: Device, num_tokens: int) -> float | None:
+        """Forward and backward while generation decodes on the same host: ``train_s``
+        times the profiled ``train_slowdown`` (never faster). None if not profiled."""
+        fit = self.fits.get("train_slowdown")
+        if fit is None:
+            return None
+        return self.train_s(device, num_tokens) * max(1.0, fit(tokens=num_tokens))
+
     def optimizer_s(self, device: Device) -> float:
         return self.fits["optimizer"]()
 
+    # The profile times a whole push from the trainer's side (``weight_transfer``: pack,
+    # request, the server's pause, reply) and the server's pause inside it
+    # (``weight_pause``: pause, receive, load, resume). The sim's transfer is the part
+    # outside the pause — it can run in the background ahead of a barrier — and its load
+    # is the pause; in flight the sim pauses for both, as the live push does.
+
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
-        return self.fits["weight_transfer"](bytes=num_bytes)
+        push = self.fits["weight_transfer"](bytes=num_bytes)
+        return max(0.0, push - self.fits["weight_pause"](bytes=num_bytes))
 
     def weight_load_s(self, device: Device) -> float:
-        pause = self.fits["weight_pause"](bytes=self.weight_bytes)
-        return max(0.0, pause - self.weight_transfer_s(self.weight_bytes, 0.0, 0.0))
+        return self.fits["weight_pause"](bytes=self.weight_bytes)
 
     def kv_capacity_tokens(self, device: Device) -> int:
         return self.kv_capacity
 
     def context_switch_s(self, num_gpus: int, tp: int, pcie_gb_per_s: float) -> float:
         return 0.0  # the profiled runtime does not offload: colocated switches are free
+
+
+def _law(fit: OperatorFit, n: int) -> DecodeLaw:
+    p0 = fit.coef("1") + fit.coef("n") * n + fit.coef("n^2") * n * n
+    return DecodeLaw(n=n, p0=to_ticks(p0), p1=to_ticks(fit.coef("ctx")), q0=0, q1=0)

@@ -81,6 +81,21 @@ OPERATOR_TABLES: dict[str, tuple[str, dict[str, str], str, list[tuple[str, ...]]
         "step_s",
         [("1", "n"), ("1", "n", "ctx"), ("1", "n", "n^2"), ("1", "n", "n^2", "ctx")],
     ),
+    # how much slower decode runs while the trainer computes on the same host (a factor;
+    # newer profiles only)
+    "decode_slowdown": (
+        "decode_contended.csv",
+        {"n": "batch_size"},
+        "slowdown",
+        [("1",), ("1", "n"), ("1", "n", "n^2")],
+    ),
+    # how much slower training runs while generation decodes on the same host
+    "train_slowdown": (
+        "train_contended.csv",
+        {"tokens": "num_tokens"},
+        "slowdown",
+        [("1",), ("1", "tokens")],
+    ),
     "prefill": (
         "prefill.csv",
         {"tokens": "num_tokens"},
@@ -175,10 +190,14 @@ def calibrate_operator(name: str, frame: pd.DataFrame) -> OperatorCalibration:
 
 
 def calibrate_profile(profile_dir: Path) -> dict[str, OperatorCalibration]:
-    """Fit every operator of a ``tandem profile`` directory."""
+    """Fit every operator of a ``tandem profile`` directory (optional ones if profiled)."""
+    from sim.calibrated import OPTIONAL_OPERATORS
+
     out = {}
     for name, (filename, *_rest) in OPERATOR_TABLES.items():
         path = profile_dir / filename
+        if not path.exists() and name in OPTIONAL_OPERATORS:
+            continue
         if not path.exists():
             raise ValueError(f"profile {profile_dir}: {filename} is missing")
         out[name] = calibrate_operator(name, pd.read_csv(path))

@@ -101,9 +101,11 @@ class SimCostModel(Protocol):
     weight_bytes: float
 
     def decode_law(self, device: Device, n: int) -> DecodeLaw: ...
+    def contended_decode_law(self, device: Device, n: int) -> DecodeLaw | None: ...
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float: ...
     def prefill_s(self, device: Device, num_tokens: int) -> float: ...
     def train_s(self, device: Device, num_tokens: int) -> float: ...
+    def contended_train_s(self, device: Device, num_tokens: int) -> float | None: ...
     def optimizer_s(self, device: Device) -> float: ...
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float: ...
     def weight_load_s(self, device: Device) -> float: ...
@@ -131,6 +133,10 @@ class RooflineCostModel:
         if law is None:
             law = self._laws[key] = self._make_law(hardware(device.hardware), device.num_gpus, n)
         return law
+
+    def contended_decode_law(self, device: Device, n: int) -> DecodeLaw | None:
+        """None: generation and training run on their own GPUs, nothing shared."""
+        return None
 
     def _make_law(self, hw: Hardware, tp: int, n: int) -> DecodeLaw:
         m, e = self.model, self.eff
@@ -173,6 +179,10 @@ class RooflineCostModel:
             * num_tokens
             / (device.num_gpus * hw.bf16_flops * self.eff.train_mfu)
         )
+
+    def contended_train_s(self, device: Device, num_tokens: int) -> float | None:
+        """None: the trainer's GPUs are its own."""
+        return None
 
     def optimizer_s(self, device: Device) -> float:
         hw = hardware(device.hardware)

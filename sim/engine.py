@@ -96,10 +96,13 @@ class GenerationEngine:
         truth: Callable[[Request], int],
         hooks: EngineHooks,
         version: int = 0,
+        contended_law: Callable[[int], DecodeLaw] | None = None,
     ) -> None:
         self.env = env
         self.config = config
         self._law = law
+        self._contended_law = contended_law  # while the trainer computes on the same host
+        self.contended = False
         self._prefill_ticks = prefill_ticks
         self._scheduling = scheduling
         self._truth = truth
@@ -115,6 +118,14 @@ class GenerationEngine:
         self.name = f"gen-{config.instance_id}"
 
     # -- inputs -----------------------------------------------------------------------
+
+    def set_contended(self, contended: bool) -> None:
+        """The trainer started or stopped computing: decode from the next step at that rate."""
+        if self._contended_law is None or contended == self.contended:
+            return
+        self.contended = contended
+        if self._running:
+            self._notify()  # end the current decode run at its next step boundary
 
     def submit(self, requests: list[Request] | tuple[Request, ...]) -> None:
         for r in requests:
@@ -234,7 +245,7 @@ class GenerationEngine:
         if room <= 0:
             self._preempt_newest()
             return
-        law = self._law(n)
+        law = self._contended_law(n) if self.contended and self._contended_law else self._law(n)
         steps = min(self._running[0][0] - self._step, room)
         if not self.config.fast_forward:
             steps = 1

@@ -53,7 +53,7 @@ from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.scheduling import SCHEDULING
 from policies.spec import ClusterSection, GenerationPool, RunSpec
-from sim.costs import SimCostModel, build_cost_model, to_seconds, to_ticks
+from sim.costs import DecodeLaw, SimCostModel, build_cost_model, to_seconds, to_ticks
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine
 from sim.tables import hardware_table
 from sim.trainer import SimTrainer
@@ -141,6 +141,7 @@ class _World:
         self.completions: dict[int, Completion] = {}
         self.spans: list[Span] = []
         self.steps: list[StepStats] = []
+        self.trainer_busy = False
         for pool in self.cluster.generation:
             for _ in range(pool.num_instances):
                 self._add_instance(pool, version=0)
@@ -176,15 +177,33 @@ class _World:
                 self._fast_forward,
             ),
             law=lambda n, d=device: self.cost.decode_law(d, n),
+            contended_law=self._contended_law(device),
             prefill_ticks=lambda tokens, d=device: to_ticks(self.cost.prefill_s(d, tokens)),
             scheduling=self._scheduling,
             truth=self.workload.true_output_tokens,
             hooks=hooks,
             version=version,
         )
+        if self.trainer_busy:
+            engine.set_contended(True)
         inst = self.instances[instance_id] = _Instance(engine, pool, to_seconds(self.env.now))
         self.env.process(engine.run())
         return inst
+
+    def _contended_law(self, device: Device) -> Callable[[int], DecodeLaw] | None:
+        if self.cost.contended_decode_law(device, 1) is None:
+            return None
+        return lambda n: self.cost.contended_decode_law(device, n)  # type: ignore[return-value]
+
+    def _contended_train_ticks(self, device: Device) -> Callable[[int], int] | None:
+        if self.cost.contended_train_s(device, 1) is None:
+            return None
+        return lambda tokens: to_ticks(self.cost.contended_train_s(device, tokens) or 0.0)
+
+    def _trainer_busy(self, busy: bool) -> None:
+        self.trainer_busy = busy
+        for inst in self.instances.values():
+            inst.engine.set_contended(busy)
 
     def _view(self, inst: _Instance) -> InstanceView:
         e = inst.engine
@@ -204,9 +223,12 @@ class _World:
         return SimTrainer(
             self.env,
             train_ticks=lambda tokens: to_ticks(self.cost.train_s(device, tokens)),
+            contended_train_ticks=self._contended_train_ticks(device),
+            generation_busy=lambda: any(i.engine.num_running for i in self.instances.values()),
             optimizer_ticks=to_ticks(self.cost.optimizer_s(device)),
             on_step_done=self._step_done,
             on_span=self.spans.append,
+            on_busy=self._trainer_busy,
         )
 
     def _make_controller(self) -> Controller:

@@ -36,8 +36,15 @@ class SimTrainer:
         optimizer_ticks: int,
         on_step_done: Callable[[StepStats], None],
         on_span: Callable[[Span], None],
+        on_busy: Callable[[bool], None] | None = None,
+        contended_train_ticks: Callable[[int], int] | None = None,
+        generation_busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self.env = env
+        self._contended_train_ticks = contended_train_ticks  # while generation decodes
+        self._generation_busy = generation_busy
+        self._on_busy = on_busy
+        self.busy = False
         self._train_ticks = train_ticks
         self._optimizer_ticks = optimizer_ticks
         self._on_step_done = on_step_done
@@ -50,7 +57,10 @@ class SimTrainer:
 
     def run(self) -> Proc:
         while True:
+            if not self.jobs.items:
+                self._set_busy(False)
             job = yield self.jobs.get()
+            self._set_busy(True)
             progress = self._progress.setdefault(job.step, _StepProgress())
             start = self.env.now
             if progress.start_ticks is None:
@@ -73,10 +83,19 @@ class SimTrainer:
             if isinstance(job, OptimizerStep):
                 self._on_step_done(self._stats(job.step, self._progress.pop(job.step)))
 
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self.busy:
+            self.busy = busy
+            if self._on_busy is not None:
+                self._on_busy(busy)
+
     def _forward_backward(self, job: TrainSamples, progress: _StepProgress) -> Proc:
         tokens = sum(c.request.prompt_tokens + c.output_tokens for c in job.completions)
         start = self.env.now
-        yield self.env.timeout(self._train_ticks(tokens))
+        ticks = self._train_ticks
+        if self._contended_train_ticks is not None and self._generation_busy():
+            ticks = self._contended_train_ticks
+        yield self.env.timeout(ticks(tokens))
         progress.busy_ticks += self.env.now - start
         progress.num_samples += len(job.completions)
         progress.num_tokens += tokens

@@ -80,6 +80,49 @@ def test_calibrated_cost_model_round_trips_and_predicts_the_profile(tmp_path):
     assert cost.train_s(device, 400) == pytest.approx(0.025 + 13e-5 * 400, rel=1e-6)
     assert cost.optimizer_s(device) == pytest.approx(0.012)
     assert cost.kv_capacity_tokens(device) == 100000
-    assert cost.weight_load_s(device) == 0.0  # pause (0.12) < transfer (0.2): nothing extra
+    # the push (0.2 s) contains the server's pause (0.12 s): load = pause, transfer = the rest
+    assert cost.weight_load_s(device) == pytest.approx(0.12)
+    assert cost.weight_transfer_s(1e6, 0.0, 0.0) == pytest.approx(0.08)
     for c in fits.values():
         assert c.fit.heldout_mape < 0.1
+
+
+def test_decode_under_training_is_fitted_when_profiled_and_absent_otherwise(tmp_path):
+    profile = _write_profile(tmp_path)
+    device = Device("cpu", 1)
+    fits = calibrate_profile(tmp_path)
+    assert "decode_slowdown" not in fits  # an older profile: no such table
+    (tmp_path / "cost_model.json").write_text(json.dumps(cost_model_document(fits, profile)))
+    assert (
+        CalibratedCostModel.load(tmp_path / "cost_model.json").contended_decode_law(device, 8)
+        is None
+    )
+
+    pd.DataFrame(
+        {"batch_size": [3, 3, 20, 20, 64, 64], "max_tokens": [24, 112] * 3,
+         "slowdown": [1.5, 1.5, 1.5, 1.5, 1.5, 1.5]}
+    ).to_csv(tmp_path / "decode_contended.csv", index=False)  # fmt: skip
+    fits = calibrate_profile(tmp_path)
+    (tmp_path / "cost_model.json").write_text(json.dumps(cost_model_document(fits, profile)))
+    cost = CalibratedCostModel.load(tmp_path / "cost_model.json")
+    free, busy = cost.decode_law(device, 20), cost.contended_decode_law(device, 20)
+    assert busy is not None
+    assert busy.step(700) == pytest.approx(1.5 * free.step(700), rel=0.02)
+
+
+def test_training_under_generation_is_fitted_when_profiled(tmp_path):
+    profile = _write_profile(tmp_path)
+    device = Device("cpu", 1)
+    fits = calibrate_profile(tmp_path)
+    (tmp_path / "cost_model.json").write_text(json.dumps(cost_model_document(fits, profile)))
+    assert (
+        CalibratedCostModel.load(tmp_path / "cost_model.json").contended_train_s(device, 400)
+        is None
+    )
+    pd.DataFrame({"num_tokens": [100, 300, 600], "slowdown": [1.4, 1.4, 1.4]}).to_csv(
+        tmp_path / "train_contended.csv", index=False
+    )
+    fits = calibrate_profile(tmp_path)
+    (tmp_path / "cost_model.json").write_text(json.dumps(cost_model_document(fits, profile)))
+    cost = CalibratedCostModel.load(tmp_path / "cost_model.json")
+    assert cost.contended_train_s(device, 400) == pytest.approx(1.4 * cost.train_s(device, 400))

@@ -10,10 +10,15 @@ import pytest
 
 from experiments.fidelity import (
     Case,
+    FidelityPlan,
     build_report,
+    case_spec,
     compare_case,
     lag_counts,
     lag_distance,
+    live_spread,
+    load_cases,
+    pooled_lag_counts,
     relative_error,
     sim_spec_for,
     summarise,
@@ -96,9 +101,9 @@ def test_compare_case_gives_one_row_per_metric_plus_the_lag_distance():
 
 def test_summary_median_max_and_rankings():
     cases = [
-        Case("disagg-sync", "rr", _result(1.0, [0, 0]), _result(1.08, [0, 0])),
-        Case("stream-async", "rr", _result(2.0, [1, 1]), _result(1.7, [1, 0])),
-        Case("pipeline", "rr", _result(1.5, [0, 1]), _result(1.5, [0, 1])),
+        Case("disagg-sync", "rr", [_result(1.0, [0, 0])], [_result(1.08, [0, 0])]),
+        Case("stream-async", "rr", [_result(2.0, [1, 1])], [_result(1.7, [1, 0])]),
+        Case("pipeline", "rr", [_result(1.5, [0, 1])], [_result(1.5, [0, 1])]),
     ]
     report = build_report(cases)
     s = report.summary
@@ -136,14 +141,48 @@ def test_the_sim_twin_trains_in_the_live_runs_micro_batches(tmp_path):
 
 def test_write_report_writes_table_and_plots(tmp_path):
     cases = [
-        Case("disagg-sync", "rr", _result(1.0, [0, 0, 0, 0]), _result(1.05, [0, 0, 0, 0])),
-        Case("stream-async", "rr", _result(2.0, [1, 1, 0, 0]), _result(1.9, [1, 0, 0, 0])),
+        Case("disagg-sync", "rr", [_result(1.0, [0, 0, 0, 0])], [_result(1.05, [0, 0, 0, 0])]),
+        Case("stream-async", "rr", [_result(2.0, [1, 1, 0, 0])], [_result(1.9, [1, 0, 0, 0])]),
     ]
     write_report(cases, tmp_path, overlay_iteration=1)
     for name in ("fidelity.csv", "fidelity.md", "bars.png", "lags.png", "timeline-overlay.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     frame = pd.read_csv(tmp_path / "fidelity.csv")
     assert len(frame) == 2 * 8
+    assert len(pd.read_csv(tmp_path / "repeats.csv")) == 2
+
+
+def test_repeats_compare_medians_and_report_every_run_and_the_live_spread(tmp_path):
+    lives = [_result(t, [1, 1]) for t in (2.0, 1.0, 1.6)]  # median 1.6
+    sims = [_result(t, [1, 0]) for t in (1.9, 1.5, 1.9)]  # median 1.9
+    report = build_report([Case("stream-async", "rr", lives, sims)])
+    row = report.frame[report.frame["metric"] == "throughput_samples_per_s"].iloc[0]
+    assert (row["live"], row["sim"]) == (1.6, 1.9)
+    # each run against its own twin: errors -5 %, +50 %, +18.75 %; the median, not 1.9/1.6
+    assert list(report.repeats["rel_error"]) == pytest.approx([-0.05, 0.5, 0.3 / 1.6])
+    assert report.summary.max_abs_throughput_error == pytest.approx(0.3 / 1.6)
+    assert live_spread(report.repeats)["live_spread"].iloc[0] == pytest.approx(1.0 / 1.6)
+    text = report.markdown()
+    assert "| stream-async | rr | 1 | 0 | 1 | 1.5 | +50.0% |" in text
+    assert "stream-async·rr 62.5%" in text
+    assert pooled_lag_counts(sims) == {0: 3, 1: 3}
+    write_report([Case("stream-async", "rr", lives, sims)], tmp_path, overlay_iteration=1)
+    assert len(pd.read_csv(tmp_path / "repeats.csv")) == 3
+
+
+def test_a_case_needs_one_twin_per_live_run_and_repeats_are_positive():
+    with pytest.raises(ValueError, match="one sim twin per live run"):
+        Case("pipeline", "rr", [_result(1.0, [0])], [])
+    with pytest.raises(ValueError, match="repeats"):
+        FidelityPlan(("pipeline",), repeats=0)
+
+
+def test_each_repeat_of_a_case_gets_its_own_seed():
+    base = load_spec(CONFIG, ["run.seed=7"])
+    seeds = [
+        case_spec(base, "pipeline", "round-robin", "http://x", "t", r).run.seed for r in range(3)
+    ]
+    assert seeds == [7, 8, 9]
 
 
 def _cost_model_dir(path: Path) -> Path:
@@ -178,3 +217,16 @@ def test_sim_twin_of_a_sim_run_reproduces_it_exactly(tmp_path, mode):
     assert twin.metrics["throughput_samples_per_s"] == original.metrics["throughput_samples_per_s"]
     a, b = original.samples_frame(), twin.samples_frame()
     assert list(a["output_tokens"]) == list(b["output_tokens"])
+
+
+def test_saved_cases_load_back_for_a_new_report(tmp_path):
+    live, sim = _result(2.0, [1, 1, 0, 0]), _result(1.9, [1, 0, 0, 0])
+    for repeat in (0, 1):
+        live.save(tmp_path / "cases" / "stream-async-least-loaded" / f"repeat-{repeat}" / "live")
+        sim.save(tmp_path / "cases" / "stream-async-least-loaded" / f"repeat-{repeat}" / "sim")
+    (case,) = load_cases(tmp_path)
+    assert (case.mode, case.dispatch, len(case.lives)) == ("stream-async", "least-loaded", 2)
+    assert case.live.samples == live.samples and case.live.spans == live.spans
+    assert case.sim.metrics == sim.metrics
+    with pytest.raises(ValueError, match="not a fidelity report"):
+        load_cases(tmp_path / "cases")

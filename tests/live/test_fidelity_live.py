@@ -29,15 +29,17 @@ def test_profile_calibrate_and_one_live_mode_against_the_sim(tmp_path):
                  "workload.max_output_tokens=64"],
     )  # fmt: skip
     plan = ProfilePlan(batch_sizes=(1, 12, 40), max_tokens=(16, 48), repeats=1,
-                       micro_batch_samples=(2, 12), train_repeats=2, num_pushes=2)  # fmt: skip
+                       micro_batch_samples=(2, 12), train_repeats=2, num_pushes=2,
+                       contended_batch_sizes=(12, 40))  # fmt: skip
     profile_runtime(spec, tmp_path / "profile", plan)
-    for name in ("decode", "prefill", "train", "weight_sync"):
+    for name in ("decode", "prefill", "train", "weight_sync", "decode_contended"):
         assert len(pd.read_csv(tmp_path / "profile" / f"{name}.csv")) >= 2, name
     info = json.loads((tmp_path / "profile" / "profile.json").read_text())
     assert info["weight_bytes"] > 0 and info["versions"]["torch"]
     fits = calibrate(tmp_path / "profile", tmp_path / "cost-model")
     assert (tmp_path / "cost-model" / "errors.json").exists()
     assert all(c.fit.heldout_mape >= 0 for c in fits.values())
+    assert "decode_slowdown" in fits  # the sim's decode rate while the trainer computes
     report = run_fidelity(
         spec, FidelityPlan(("disagg-sync",), cost_model_dir=tmp_path / "cost-model",
                            overlay_iteration=1), tmp_path / "fidelity",
