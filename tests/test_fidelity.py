@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import write_cost_model
 
 from experiments.fidelity import (
     Case,
@@ -185,28 +185,12 @@ def test_each_repeat_of_a_case_gets_its_own_seed():
     assert seeds == [7, 8, 9]
 
 
-def _cost_model_dir(path: Path) -> Path:
-    ops = {
-        "decode": (["1", "n", "ctx"], [0.008, 2e-4, 1e-7]), "prefill": (["1", "tokens"], [0.02, 1e-4]),
-        "forward": (["1", "tokens"], [0.01, 5e-5]), "backward": (["1", "tokens"], [0.01, 8e-5]),
-        "optimizer": (["1"], [0.012]), "weight_transfer": (["1"], [0.2]), "weight_pause": (["1"], [0.1]),
-    }  # fmt: skip
-    doc = {
-        "format": "tandem-cost-model", "version": 1, "weight_bytes": 1e6,
-        "kv_capacity_tokens": 100000,
-        "operators": {k: {"bases": b, "coefs": c, "heldout_mape": 0.0} for k, (b, c) in ops.items()},
-    }  # fmt: skip
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "cost_model.json").write_text(json.dumps(doc))
-    return path
-
-
 @pytest.mark.parametrize("mode", ["disagg-sync", "stream-async", "pipeline"])
 def test_sim_twin_of_a_sim_run_reproduces_it_exactly(tmp_path, mode):
     from experiments.fidelity import simulate_twin
     from sim.simulator import Simulation
 
-    cost = _cost_model_dir(tmp_path / "cm")
+    cost = write_cost_model(tmp_path / "cm")
     spec = load_spec(
         CONFIG, [f"pipeline.mode={mode}", f"sim.cost_model=profiled:{cost}", "run.iterations=4",
                  "algorithm.batch_size=24", "algorithm.group_size=3",

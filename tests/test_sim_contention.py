@@ -3,37 +3,24 @@ a ``train_slowdown`` to train jobs that start while an instance decodes."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from helpers import write_cost_model
 
 from policies.spec import load_spec
 from sim.simulator import Simulation
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
-DECODE = (["1", "n", "ctx"], [0.008, 2e-4, 1e-7])
 
 
 def _cost_model(path: Path, contended: float | None, train: float | None = None) -> Path:
-    ops = {
-        "decode": DECODE, "prefill": (["1", "tokens"], [0.02, 1e-4]),
-        "forward": (["1", "tokens"], [0.01, 5e-5]), "backward": (["1", "tokens"], [0.01, 8e-5]),
-        "optimizer": (["1"], [0.012]), "weight_transfer": (["1"], [0.05]),
-        "weight_pause": (["1"], [0.04]),
-    }  # fmt: skip
+    ops = {"weight_transfer": (["1"], [0.05]), "weight_pause": (["1"], [0.04])}
     if contended is not None:
         ops["decode_slowdown"] = (["1"], [contended])
     if train is not None:
         ops["train_slowdown"] = (["1"], [train])
-    doc = {
-        "format": "tandem-cost-model", "version": 1, "weight_bytes": 1e6,
-        "kv_capacity_tokens": 100000,
-        "operators": {k: {"bases": b, "coefs": c, "heldout_mape": 0.0} for k, (b, c) in ops.items()},
-    }  # fmt: skip
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "cost_model.json").write_text(json.dumps(doc))
-    return path
+    return write_cost_model(path, **ops)
 
 
 def _run(cost_dir: Path, mode: str) -> dict:
