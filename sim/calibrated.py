@@ -67,7 +67,8 @@ OPERATORS = (
     "weight_transfer",
     "weight_pause",
 )
-# measured by newer profiles only: decode while the trainer computes on the same host
+# measured by newer profiles only: how much slower decode runs while the trainer
+# computes on the same host, and training while generation decodes
 OPTIONAL_OPERATORS = ("decode_slowdown", "train_slowdown")
 
 

@@ -141,11 +141,10 @@ class _World:
         self.completions: dict[int, Completion] = {}
         self.spans: list[Span] = []
         self.steps: list[StepStats] = []
-        self.trainer_busy = False
+        self.trainer = self._make_trainer()  # before the instances: they ask if it is busy
         for pool in self.cluster.generation:
             for _ in range(pool.num_instances):
                 self._add_instance(pool, version=0)
-        self.trainer = self._make_trainer()
         self.controller = self._make_controller()
         self._handlers: dict[type, Callable] = {
             Dispatch: self._dispatch,
@@ -184,8 +183,7 @@ class _World:
             hooks=hooks,
             version=version,
         )
-        if self.trainer_busy:
-            engine.set_contended(True)
+        engine.set_contended(self.trainer.busy)
         inst = self.instances[instance_id] = _Instance(engine, pool, to_seconds(self.env.now))
         self.env.process(engine.run())
         return inst
@@ -201,7 +199,6 @@ class _World:
         return lambda tokens: to_ticks(self.cost.contended_train_s(device, tokens) or 0.0)
 
     def _trainer_busy(self, busy: bool) -> None:
-        self.trainer_busy = busy
         for inst in self.instances.values():
             inst.engine.set_contended(busy)
 
