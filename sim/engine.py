@@ -138,13 +138,18 @@ class GenerationEngine:
     def push_weights(
         self, version: int, inflight: InflightHandling, pause_ticks: int, transfer_ticks: int
     ) -> None:
-        """New weights: in flight they are received while paused; else in the background."""
+        """New weights: in flight they are received while paused; else in the background.
+
+        A push replaces an update still pending, which can change admission (a pending
+        ``drain`` holds the queue, a ``barrier`` in transit does not), so the engine always
+        re-plans at its next step boundary, as it would stepping one token at a time.
+        """
         if inflight == InflightHandling.BARRIER:
             self._update = PendingUpdate(version, inflight, pause_ticks, arrived=False)
             self.env.process(self._arrive(version, transfer_ticks))
         else:
             self._update = PendingUpdate(version, inflight, pause_ticks, arrived=True)
-            self._notify()
+        self._notify()
 
     def _arrive(self, version: int, transfer_ticks: int) -> Proc:
         yield self.env.timeout(transfer_ticks)
