@@ -25,7 +25,9 @@ def _cost_model(path: Path, contended: float | None, train: float | None = None)
 
 def _run(cost_dir: Path, mode: str) -> dict:
     overrides = [f"pipeline.mode={mode}", f"sim.cost_model=profiled:{cost_dir}",
-                 "run.iterations=4", "workload.lognormal_median_tokens=40"]  # fmt: skip
+                 "run.iterations=4", "workload.lognormal_median_tokens=40",
+                 # group siblings of different lengths: training overlaps decode often
+                 "workload.prompt_correlation=0.7"]  # fmt: skip
     metrics = Simulation(load_spec(CONFIG, overrides)).run().metrics
     del metrics["sim_wall_s"]  # the host's time, not the simulation's
     return metrics
