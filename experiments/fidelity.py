@@ -227,7 +227,11 @@ class FidelityReport:
     repeats: pd.DataFrame
 
     def markdown(self) -> str:
-        return markdown_table(self.frame, self.summary) + repeats_table(self.repeats)
+        return (
+            markdown_table(self.frame, self.summary)
+            + seed_orders_text(self.repeats)
+            + repeats_table(self.repeats)
+        )
 
 
 def repeats_table(repeats: pd.DataFrame) -> str:
@@ -272,6 +276,38 @@ def repeat_frame(cases: list[Case]) -> pd.DataFrame:
         for r, (live, sim) in enumerate(zip(c.lives, c.sims))
     ]  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def seed_orders(repeats: pd.DataFrame, dispatch: str) -> list[tuple[str, str, bool]]:
+    """``(faster, slower, sim agrees)`` for each pair of modes that live orders the same way
+    on every seed (the repeats are paired: one seed, one workload, every mode); the sim
+    agrees when its twins order the pair that way on every seed too."""
+    rows = repeats[repeats["dispatch"] == dispatch]
+    live = rows.pivot_table(index="seed", columns="mode", values="live")
+    sim = rows.pivot_table(index="seed", columns="mode", values="sim")
+    modes = list(dict.fromkeys(rows["mode"]))
+    out = []
+    for i, a in enumerate(modes):
+        for b in modes[i + 1 :]:
+            for fast, slow in ((a, b), (b, a)):
+                if len(live) > 1 and (live[fast] > live[slow]).all():
+                    out.append((fast, slow, bool((sim[fast] > sim[slow]).all())))
+    return out
+
+
+def seed_orders_text(repeats: pd.DataFrame) -> str:
+    """The report's lines on the pairs of modes every seed orders alike (none: one repeat)."""
+    if repeats["repeat"].max() == 0:
+        return ""
+    lines = ["", "Pairs of modes that live orders the same way on every seed (the other pairs "
+             "swap between seeds, so live does not rank them):"]  # fmt: skip
+    for d in dict.fromkeys(repeats["dispatch"]):
+        pairs = seed_orders(repeats, d)
+        text = ", ".join(f"{f} > {s}" + ("" if ok else " (sim: NOT on every seed)")
+                         for f, s, ok in pairs) or "none"  # fmt: skip
+        agree = sum(ok for *_, ok in pairs)
+        lines.append(f"- {d}: {text}; the sim orders {agree} of {len(pairs)} alike on every seed.")
+    return "\n".join(lines) + "\n"
 
 
 def live_spread(repeats: pd.DataFrame) -> pd.DataFrame:

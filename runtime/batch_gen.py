@@ -30,6 +30,7 @@ class SampleBody(BaseModel):
     max_tokens: int = Field(ge=1)
     priority: int = 0
     seed: int | None = None
+    ignore_eos: bool = False  # run all max_tokens (benchmarks and the profiler's decode bursts)
 
 
 class BatchBody(BaseModel):
@@ -72,7 +73,7 @@ class BatchGenerator:
         # at the end (_line) rather than incrementally at every step
         params = SamplingParams(
             max_tokens=sample.max_tokens, temperature=body.temperature, seed=sample.seed,
-            logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
+            ignore_eos=sample.ignore_eos, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
         )  # fmt: skip
         version_start = self.current_version()
         try:

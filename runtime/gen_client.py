@@ -86,16 +86,17 @@ class GenerationClient:
 
     async def stream(
         self, requests: Sequence[Request], dispatch_s: float, clock: Callable[[], float],
-        priorities: Sequence[int], seeds: Sequence[int | None],
+        priorities: Sequence[int], seeds: Sequence[int | None], ignore_eos: bool = False,
     ) -> AsyncIterator[Generated]:  # fmt: skip
-        """Generate ``requests`` in one HTTP request; yield each completion as it finishes."""
-        body = {
-            "temperature": self.temperature,
-            "samples": [
-                {"prompt": r.prompt, "max_tokens": r.max_tokens, "priority": p, "seed": s}
-                for r, p, s in zip(requests, priorities, seeds)
-            ],
-        }
+        """Generate ``requests`` in one HTTP request; yield each completion as it finishes
+        (``ignore_eos``: every sample runs its ``max_tokens``, for timing)."""
+        samples = [
+            {"prompt": r.prompt, "max_tokens": r.max_tokens, "priority": p, "seed": s}
+            for r, p, s in zip(requests, priorities, seeds)
+        ]
+        if ignore_eos:
+            samples = [{**x, "ignore_eos": True} for x in samples]
+        body = {"temperature": self.temperature, "samples": samples}
         start_s = clock()
         async with self._http.stream("POST", "/v1/tandem/generate", json=body) as resp:
             resp.raise_for_status()

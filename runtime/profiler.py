@@ -4,13 +4,12 @@ Everything is measured through the paths a live run uses:
 
 * **decode and prefill** — one vLLM server started and pinned like the launcher does
   (:func:`runtime.procs.start_server` on the generation cores). A burst of ``B``
-  concurrent ``/v1/completions`` requests (log-probs, token ids, a per-request seed)
-  with ``ignore_eos`` and a fixed ``max_tokens``: with ``max_tokens=1`` its wall time is
-  ``W1``; with ``max_tokens=T`` the ``T - 1`` decode steps take ``WT - W1``, at a mean
-  context of ``prompt tokens + B·T/2``. Prefill (with every per-request cost) is the
-  ``max_tokens=1`` burst through the actor's own route (:func:`actor_route`: the
-  batched ``/v1/tandem/generate`` stream when the runtime has it), which has no
-  ``ignore_eos`` and so cannot time fixed-length decode itself.
+  concurrent samples through the actor's own route (:func:`actor_route`: the batched
+  ``/v1/tandem/generate`` stream, log-probs, token ids, a per-sample seed) with
+  ``ignore_eos`` and a fixed ``max_tokens``: with ``max_tokens=1`` its wall time is
+  ``W1`` (prefill with every per-request cost); with ``max_tokens=T`` the ``T - 1``
+  decode steps take ``WT - W1``, at a mean context of ``prompt tokens + B·T/2``. The
+  ``max_tokens=1`` burst of ``/v1/completions`` is kept beside it for comparison.
 * **training** — :class:`runtime.trainer.Trainer` in this process, pinned to the
   training cores with the live run's torch threads: forward (token log-probs and the
   loss), backward and optimizer step timed separately, on micro-batches of task prompts
@@ -139,7 +138,18 @@ def _prompts(tasks: TaskSet, count: int, offset: int) -> list[TaskPrompt]:
 async def burst_s(
     http: httpx.AsyncClient, prompts: list[TaskPrompt], max_tokens: int, temperature: float
 ) -> float:
-    """Wall time of one burst of concurrent completions that all run ``max_tokens`` tokens."""
+    """Wall time of one burst of concurrent samples that all run ``max_tokens`` tokens,
+    through the route the live actor generates through."""
+    if actor_route() == "tandem-generate":
+        url = str(http.base_url)
+        return await route_burst_s(url, prompts, max_tokens, temperature, ignore_eos=True)
+    return await completions_burst_s(http, prompts, max_tokens, temperature)
+
+
+async def completions_burst_s(
+    http: httpx.AsyncClient, prompts: list[TaskPrompt], max_tokens: int, temperature: float
+) -> float:
+    """Wall time of one burst of concurrent ``/v1/completions`` (``ignore_eos``)."""
     bodies = []
     for i, p in enumerate(prompts):
         request = Request(i, p.prompt_id, i, 0, p.prompt_tokens, max_tokens, prompt=p.text)
@@ -213,8 +223,12 @@ def actor_route() -> str:
     return "tandem-generate" if hasattr(GenerationClient, "stream") else "completions"
 
 
-async def route_burst_s(url: str, prompts: list[TaskPrompt], max_tokens: int, temperature: float):
-    """Wall time of one burst through the actor's own route (``GenerationClient.stream``)."""
+async def route_burst_s(
+    url: str, prompts: list[TaskPrompt], max_tokens: int, temperature: float,
+    ignore_eos: bool = False,
+) -> float:  # fmt: skip
+    """Wall time of one burst through the actor's own route (``GenerationClient.stream``);
+    with ``ignore_eos`` every sample must come back with ``max_tokens`` tokens."""
     from runtime.gen_client import GenerationClient
 
     requests = [
@@ -225,8 +239,13 @@ async def route_burst_s(url: str, prompts: list[TaskPrompt], max_tokens: int, te
     try:
         start = time.perf_counter()
         seeds = [1000 + i for i in range(len(prompts))]
-        async for _ in client.stream(requests, 0.0, time.perf_counter, [0] * len(prompts), seeds):
-            pass
+        priorities = [0] * len(prompts)
+        async for out in client.stream(
+            requests, 0.0, time.perf_counter, priorities, seeds, ignore_eos=ignore_eos
+        ):
+            got = out.completion.output_tokens
+            if ignore_eos and got != max_tokens:
+                raise RuntimeError(f"profile burst: asked {max_tokens} tokens, got {got}")
         return time.perf_counter() - start
     finally:
         await client.aclose()
@@ -234,17 +253,16 @@ async def route_burst_s(url: str, prompts: list[TaskPrompt], max_tokens: int, te
 
 async def _prefill_s(http, url, prompts, temperature, repeats) -> tuple[float, float]:
     """(prefill through the actor's route, ``max_tokens=1`` burst of ``/v1/completions``)."""
-    w1 = await _median_burst(http, prompts, 1, temperature, repeats)
+    times = [await completions_burst_s(http, prompts, 1, temperature) for _ in range(repeats)]
+    w1 = statistics.median(times)
     if actor_route() == "completions":
         return w1, w1
-    times = [await route_burst_s(url, prompts, 1, temperature) for _ in range(repeats)]
-    return statistics.median(times), w1
+    return await _median_burst(http, prompts, 1, temperature, repeats), w1
 
 
 async def _measure_decode(http, url, plan, tasks, temperature, tick) -> tuple[list, list]:
-    """Decode steps from fixed-length ``/v1/completions`` bursts (``ignore_eos``: the
-    actor's route has no such switch) minus their own ``max_tokens=1`` burst; prefill
-    (with the per-request cost) through the actor's route."""
+    """Decode steps from fixed-length bursts through the actor's route (``ignore_eos``)
+    minus the same route's ``max_tokens=1`` burst, which is also the prefill."""
     decode, prefill = [], []
     for k, batch in enumerate(plan.batch_sizes):
         prompts = _prompts(tasks, batch, offset=17 * k)
@@ -259,7 +277,7 @@ async def _measure_decode(http, url, plan, tasks, temperature, tick) -> tuple[li
                 {
                     "batch_size": batch,
                     "context_tokens": prompt_tokens + batch * steps / 2,
-                    "step_s": (wt - w1) / (steps - 1),
+                    "step_s": (wt - route_s) / (steps - 1),
                     "max_tokens": steps,
                     "burst_s": wt,
                 }

@@ -20,6 +20,8 @@ from experiments.fidelity import (
     load_cases,
     pooled_lag_counts,
     relative_error,
+    seed_orders,
+    seed_orders_text,
     sim_spec_for,
     summarise,
     trace_of,
@@ -214,3 +216,21 @@ def test_saved_cases_load_back_for_a_new_report(tmp_path):
     assert case.sim.metrics == sim.metrics
     with pytest.raises(ValueError, match="not a fidelity report"):
         load_cases(tmp_path / "cases")
+
+
+def test_seed_orders_keep_only_pairs_every_seed_agrees_on():
+    rows = [
+        # seed 0: a > b > c live; seed 1: a > c > b live (b, c swap)
+        ("a", 0, 30.0, 31.0), ("b", 0, 20.0, 21.0), ("c", 0, 10.0, 11.0),
+        ("a", 1, 31.0, 12.0), ("b", 1, 11.0, 22.0), ("c", 1, 12.0, 11.0),
+    ]  # fmt: skip
+    repeats = pd.DataFrame(
+        [
+            {"mode": m, "dispatch": "ll", "repeat": s, "seed": s, "live": lv, "sim": sm}
+            for m, s, lv, sm in rows
+        ]  # fmt: skip
+    )
+    # (a, b): a wins live on both seeds, the sim has b ahead on seed 1 -> disagrees
+    assert seed_orders(repeats, "ll") == [("a", "b", False), ("a", "c", True)]
+    assert "1 of 2" in seed_orders_text(repeats)
+    assert seed_orders_text(repeats[repeats["seed"] == 0].assign(repeat=0)) == ""
