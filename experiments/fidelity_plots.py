@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.fidelity import METRICS, Case, pooled_lag_counts
+from experiments.fidelity import Case, pooled_lag_counts
+from experiments.fidelity_tables import METRICS
 from policies.results import RunResult
 
 

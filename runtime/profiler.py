@@ -47,13 +47,20 @@ from pathlib import Path
 
 import httpx
 
-from policies.records import Request
 from policies.spec import RunSpec
-from runtime.gen_client import completion_body
 from runtime.launcher import model_dir_for, trainer_config
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
+from runtime.profile_bursts import (
+    LIMITS,
+    actor_route,
+    burst_s,
+    median_burst,
+    prefill_s,
+    prompt_slice,
+    warm_up,
+)
 from runtime.profile_files import describe, kv_capacity_from_log, write_profile
-from runtime.tasks import TaskPrompt, TaskSet
+from runtime.tasks import TaskSet
 from runtime.trainer import TrainItem, token_logprobs
 from runtime.trainer_proc import ServerAddr, TrainerProcess
 
@@ -131,71 +138,12 @@ def profile_runtime(
 # -- generation: decode and prefill -------------------------------------------------------
 
 
-def _prompts(tasks: TaskSet, count: int, offset: int) -> list[TaskPrompt]:
-    return [tasks[(offset + i) % len(tasks)] for i in range(count)]
-
-
-async def burst_s(
-    http: httpx.AsyncClient, prompts: list[TaskPrompt], max_tokens: int, temperature: float
-) -> float:
-    """Wall time of one burst of concurrent samples that all run ``max_tokens`` tokens,
-    through the route the live actor generates through."""
-    if actor_route() == "tandem-generate":
-        url = str(http.base_url)
-        return await route_burst_s(url, prompts, max_tokens, temperature, ignore_eos=True)
-    return await completions_burst_s(http, prompts, max_tokens, temperature)
-
-
-async def completions_burst_s(
-    http: httpx.AsyncClient, prompts: list[TaskPrompt], max_tokens: int, temperature: float
-) -> float:
-    """Wall time of one burst of concurrent ``/v1/completions`` (``ignore_eos``)."""
-    bodies = []
-    for i, p in enumerate(prompts):
-        request = Request(i, p.prompt_id, i, 0, p.prompt_tokens, max_tokens, prompt=p.text)
-        bodies.append({**completion_body(request, temperature, 0, 1000 + i), "ignore_eos": True})
-    for attempt in range(3):
-        start = time.perf_counter()
-        try:
-            answers = await asyncio.gather(*(http.post("/v1/completions", json=b) for b in bodies))
-            break
-        except httpx.TransportError:  # a connection dropped: measure the burst again
-            if attempt == 2:
-                raise
-    elapsed = time.perf_counter() - start
-    for resp in answers:
-        resp.raise_for_status()
-        got = len(resp.json()["choices"][0]["token_ids"])
-        if got != max_tokens:
-            raise RuntimeError(f"profile burst: asked {max_tokens} tokens, got {got}")
-    return elapsed
-
-
-WARM_UP_BURSTS = ((8, 16), (32, 64), (64, 32))  # (requests, tokens): a cold server is slower
-
-
-async def warm_up(http: httpx.AsyncClient, tasks: TaskSet, temperature: float) -> None:
-    for count, max_tokens in WARM_UP_BURSTS:
-        await burst_s(http, _prompts(tasks, count, 3), max_tokens, temperature)
-
-
-def warm_up_server(base_url: str, spec: RunSpec) -> None:
-    """The profile's warm-up bursts, for a server that will be measured (``tandem fidelity``)."""
-
-    async def run() -> None:
-        async with httpx.AsyncClient(base_url=base_url, timeout=600.0, limits=_LIMITS) as http:
-            await warm_up(http, tasks, spec.live.temperature)
-
-    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
-    asyncio.run(run())
-
-
 async def _measure_server(spec, plan, tasks, url, token, trainer, tick) -> ProfileTables:
     temperature = spec.live.temperature
-    async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=_LIMITS) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=LIMITS) as http:
         await warm_up(http, tasks, temperature)
         tick("warm-up")
-        decode, prefill = await _measure_decode(http, url, plan, tasks, temperature, tick)
+        decode, prefill = await _measure_decode(http, plan, tasks, temperature, tick)
         sync = await _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tick)
         items = train_items(tasks, spec.live.micro_batch_samples, 11, _vocab_size(spec))
         contended = await _measure_contended_decode(
@@ -205,74 +153,19 @@ async def _measure_server(spec, plan, tasks, url, token, trainer, tick) -> Profi
     return ProfileTables(decode, prefill, [], sync, contended, trained)
 
 
-# idle connections expire before uvicorn's 5 s keep-alive closes them under us
-_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=1.0)
-
-
-async def _median_burst(http, prompts, max_tokens, temperature, repeats) -> float:
-    return statistics.median(
-        [await burst_s(http, prompts, max_tokens, temperature) for _ in range(repeats)]
-    )
-
-
-def actor_route() -> str:
-    """The route the live actor generates through: batched ``/v1/tandem/generate`` when
-    :class:`GenerationClient` streams, else one ``/v1/completions`` per sample."""
-    from runtime.gen_client import GenerationClient
-
-    return "tandem-generate" if hasattr(GenerationClient, "stream") else "completions"
-
-
-async def route_burst_s(
-    url: str, prompts: list[TaskPrompt], max_tokens: int, temperature: float,
-    ignore_eos: bool = False,
-) -> float:  # fmt: skip
-    """Wall time of one burst through the actor's own route (``GenerationClient.stream``);
-    with ``ignore_eos`` every sample must come back with ``max_tokens`` tokens."""
-    from runtime.gen_client import GenerationClient
-
-    requests = [
-        Request(i, p.prompt_id, i, 0, p.prompt_tokens, max_tokens, prompt=p.text)
-        for i, p in enumerate(prompts)
-    ]
-    client = GenerationClient(0, url, temperature)
-    try:
-        start = time.perf_counter()
-        seeds = [1000 + i for i in range(len(prompts))]
-        priorities = [0] * len(prompts)
-        async for out in client.stream(
-            requests, 0.0, time.perf_counter, priorities, seeds, ignore_eos=ignore_eos
-        ):
-            got = out.completion.output_tokens
-            if ignore_eos and got != max_tokens:
-                raise RuntimeError(f"profile burst: asked {max_tokens} tokens, got {got}")
-        return time.perf_counter() - start
-    finally:
-        await client.aclose()
-
-
-async def _prefill_s(http, url, prompts, temperature, repeats) -> tuple[float, float]:
-    """(prefill through the actor's route, ``max_tokens=1`` burst of ``/v1/completions``)."""
-    times = [await completions_burst_s(http, prompts, 1, temperature) for _ in range(repeats)]
-    w1 = statistics.median(times)
-    if actor_route() == "completions":
-        return w1, w1
-    return await _median_burst(http, prompts, 1, temperature, repeats), w1
-
-
-async def _measure_decode(http, url, plan, tasks, temperature, tick) -> tuple[list, list]:
+async def _measure_decode(http, plan, tasks, temperature, tick) -> tuple[list, list]:
     """Decode steps from fixed-length bursts through the actor's route (``ignore_eos``)
     minus the same route's ``max_tokens=1`` burst, which is also the prefill."""
     decode, prefill = [], []
     for k, batch in enumerate(plan.batch_sizes):
-        prompts = _prompts(tasks, batch, offset=17 * k)
+        prompts = prompt_slice(tasks, batch, offset=17 * k)
         prompt_tokens = sum(p.prompt_tokens for p in prompts)
-        route_s, w1 = await _prefill_s(http, url, prompts, temperature, plan.repeats + 1)
+        route_s, w1 = await prefill_s(http, prompts, temperature, plan.repeats + 1)
         prefill.append({"num_tokens": prompt_tokens, "num_requests": batch, "prefill_s": route_s,
                         "completions_prefill_s": w1})  # fmt: skip
         tick(f"prefill {batch} requests")
         for steps in plan.max_tokens:
-            wt = await _median_burst(http, prompts, steps, temperature, plan.repeats)
+            wt = await median_burst(http, prompts, steps, temperature, plan.repeats)
             decode.append(
                 {
                     "batch_size": batch,
@@ -294,7 +187,7 @@ async def _measure_contended_decode(http, plan, tasks, trainer, items, temperatu
     two, so the noise of one burst is not amplified."""
     rows = []
     for k, batch in enumerate(plan.contended_batch_sizes):
-        prompts = _prompts(tasks, batch, offset=17 * k + 5)
+        prompts = prompt_slice(tasks, batch, offset=17 * k + 5)
         for steps in plan.max_tokens:
             idle, busy = [], []
             for _ in range(plan.repeats + 1):
@@ -315,7 +208,7 @@ async def _measure_contended_training(http, plan, tasks, trainer, spec, tick) ->
     the generation core idle and then during a long decode burst, alternating: the
     training side of the same contention (``slowdown`` = busy / idle)."""
     vocab = _vocab_size(spec)
-    prompts = _prompts(tasks, 20, offset=41)
+    prompts = prompt_slice(tasks, 20, offset=41)
     rows = []
     for k, size in enumerate(plan.contended_micro_batches):
         items = train_items(tasks, size, offset=23 * k + 1, vocab=vocab)
@@ -380,7 +273,7 @@ async def _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tic
         load = None
         if in_flight:  # a burst generating while the weights arrive
             load = asyncio.create_task(
-                burst_s(http, _prompts(tasks, 16, 5 * i), 96, spec.live.temperature)
+                burst_s(http, prompt_slice(tasks, 16, 5 * i), 96, spec.live.temperature)
             )
             await asyncio.sleep(0.3)
         start = time.perf_counter()
@@ -431,7 +324,7 @@ def _measure_training(spec, plan, tasks, model_dir, cores, tick) -> tuple[list[d
 def train_items(tasks: TaskSet, count: int, offset: int, vocab: int) -> list[TrainItem]:
     """Micro-batch of task prompts with outputs as long as their answers (capped)."""
     items = []
-    for i, p in enumerate(_prompts(tasks, count, offset)):
+    for i, p in enumerate(prompt_slice(tasks, count, offset)):
         n = min(p.expected_output_tokens, tasks.max_output_tokens)
         ids = tuple((3 + j * 7 + i) % vocab for j in range(p.prompt_tokens + n))
         items.append(

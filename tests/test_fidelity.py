@@ -16,17 +16,15 @@ from experiments.fidelity import (
     compare_case,
     lag_counts,
     lag_distance,
-    live_spread,
     load_cases,
     pooled_lag_counts,
     relative_error,
-    seed_orders,
-    seed_orders_text,
     sim_spec_for,
     summarise,
     trace_of,
     write_report,
 )
+from experiments.fidelity_tables import live_spread, seed_orders, seed_orders_text
 from policies.records import SampleRecord, Span, SpanKind
 from policies.results import RunResult
 from policies.spec import load_spec
