@@ -24,11 +24,9 @@ async def burst_s(
     http: httpx.AsyncClient, prompts: list[TaskPrompt], max_tokens: int, temperature: float
 ) -> float:
     """Wall time of one burst of concurrent samples that all run ``max_tokens`` tokens,
-    through the route the live actor generates through."""
-    if actor_route() == "tandem-generate":
-        url = str(http.base_url)
-        return await route_burst_s(url, prompts, max_tokens, temperature, ignore_eos=True)
-    return await completions_burst_s(http, prompts, max_tokens, temperature)
+    through the route the live actor generates through (:data:`ACTOR_ROUTE`)."""
+    url = str(http.base_url)
+    return await route_burst_s(url, prompts, max_tokens, temperature, ignore_eos=True)
 
 
 async def completions_burst_s(
@@ -85,12 +83,7 @@ async def median_burst(http, prompts, max_tokens, temperature, repeats) -> float
     )
 
 
-def actor_route() -> str:
-    """The route the live actor generates through: batched ``/v1/tandem/generate`` when
-    :class:`GenerationClient` streams, else one ``/v1/completions`` per sample."""
-    from runtime.gen_client import GenerationClient
-
-    return "tandem-generate" if hasattr(GenerationClient, "stream") else "completions"
+ACTOR_ROUTE = "tandem-generate"  # GenerationClient.stream: batched /v1/tandem/generate
 
 
 async def route_burst_s(
@@ -124,7 +117,4 @@ async def route_burst_s(
 async def prefill_s(http, prompts, temperature, repeats) -> tuple[float, float]:
     """(prefill through the actor's route, ``max_tokens=1`` burst of ``/v1/completions``)."""
     times = [await completions_burst_s(http, prompts, 1, temperature) for _ in range(repeats)]
-    w1 = statistics.median(times)
-    if actor_route() == "completions":
-        return w1, w1
-    return await median_burst(http, prompts, 1, temperature, repeats), w1
+    return await median_burst(http, prompts, 1, temperature, repeats), statistics.median(times)

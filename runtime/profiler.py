@@ -4,7 +4,7 @@ Everything is measured through the paths a live run uses:
 
 * **decode and prefill** — one vLLM server started and pinned like the launcher does
   (:func:`runtime.procs.start_server` on the generation cores). A burst of ``B``
-  concurrent samples through the actor's own route (:func:`actor_route`: the batched
+  concurrent samples through the actor's own route (the batched
   ``/v1/tandem/generate`` stream, log-probs, token ids, a per-sample seed) with
   ``ignore_eos`` and a fixed ``max_tokens``: with ``max_tokens=1`` its wall time is
   ``W1`` (prefill with every per-request cost); with ``max_tokens=T`` the ``T - 1``
@@ -51,8 +51,8 @@ from policies.spec import RunSpec
 from runtime.launcher import model_dir_for, trainer_config
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.profile_bursts import (
+    ACTOR_ROUTE,
     LIMITS,
-    actor_route,
     burst_s,
     median_burst,
     prefill_s,
@@ -129,7 +129,7 @@ def profile_runtime(
         stop_server(server)
     info |= describe(
         spec, model_dir, gen_cores, train_cores, kv_tokens, plan, _weight_bytes(spec),
-        actor_route(),
+        ACTOR_ROUTE,
     )  # fmt: skip
     write_profile(out_dir, asdict(tables), info)
     return out_dir
