@@ -21,7 +21,7 @@ from pathlib import Path
 
 from runtime.tasks import VOCAB, TaskPrompt, TaskSet
 
-BUILD_VERSION = 1  # bump when the build recipe changes
+BUILD_VERSION = 2  # bump when the build recipe (or the tasks it trains on) changes
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,7 +34,8 @@ class TinyModelConfig:
     vocab_size: int = 32  # >= len(VOCAB), padded
     max_position_embeddings: int = 512
     max_output_tokens: int = 128  # answer lengths seen in warm-start
-    sft_steps: int = 400
+    sft_steps: int = 600
+    sft_count_sigma: float = 1.6  # wider count tail than the RL prompts (1.1): long answers
     sft_batch: int = 48
     sft_lr: float = 3e-3
 
@@ -146,7 +147,10 @@ def warm_start(model, tokenizer, config: TinyModelConfig) -> list[float]:
     import torch
 
     tasks = TaskSet(
-        config.seed + 10_000, config.sft_steps * config.sft_batch, config.max_output_tokens
+        config.seed + 10_000,
+        config.sft_steps * config.sft_batch,
+        config.max_output_tokens,
+        count_sigma=config.sft_count_sigma,
     )
     optim = torch.optim.AdamW(model.parameters(), lr=config.sft_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(optim, config.sft_lr, total_steps=config.sft_steps)

@@ -2,15 +2,22 @@
 
 Four families over a character vocabulary of 25 symbols (plus 3 special tokens):
 
-* ``R{k}:{s}=`` — repeat ``s`` (1–3 letters) ``k`` times; ``k`` is heavy-tailed
-  (log-normal), so a short prompt can ask for a very long answer;
-* ``E:{c1}{k1}{c2}{k2}..=`` — expand run-length code ``a3b12`` to ``aaabbbbbbbbbbbb``;
+* ``R{k}:{s}=`` — repeat ``s`` (1–3 letters) ``k`` times, each copy followed by a
+  two-digit countdown: ``R3:ab=`` → ``ab03ab02ab01``; ``k`` is heavy-tailed (log-normal),
+  so a short prompt can ask for a very long answer;
+* ``E:{c1}{k1}{c2}{k2}..=`` — expand run-length code ``a3b7`` to ``aaabbbbbbb`` (counts 1–9);
 * ``V:{s}=`` — reverse ``s``: output length equals the string's length;
 * ``N:{s}=`` — count the letters of ``s`` in decimal: a long prompt, a 1–2 token answer.
 
 Output length is set by *parsing* the prompt (multi-digit counts, their sum, the family),
-not by the prompt's length, so an output-length ranker has real work to do. Every draw
-comes from the named stream ``tasks`` of :class:`policies.rng.RngStreams`.
+not by the prompt's length, so an output-length ranker has real work to do. The long
+answers are written so that a small model can produce them at their true length: the
+countdown makes "how many copies are left" visible in the model's own output (it copies
+``k`` once, then decrements and stops after ``01``), and run lengths stay within what it
+counts reliably. Without that (plain ``s * k``, runs up to 40) the tiny model's long
+answers came out anywhere from a fifth to the full length, and output length was mostly
+sampling noise (docs/ranker.md). Every draw comes from the named stream ``tasks`` of
+:class:`policies.rng.RngStreams`.
 
 The reward is verifiable: the share of answer positions matched exactly, over the longer
 of answer and completion — 1.0 exactly when the completion equals the answer.
@@ -74,31 +81,31 @@ def _word(rng: np.random.Generator, n: int) -> str:
     return "".join(LETTERS[i] for i in rng.integers(0, len(LETTERS), size=n))
 
 
-def _heavy_count(rng: np.random.Generator, median: float, cap: int) -> int:
-    """A count from a log-normal with the given median (sigma 1.1), in [1, cap]."""
-    return int(np.clip(round(median * np.exp(1.1 * rng.standard_normal())), 1, max(1, cap)))
+def _heavy_count(rng: np.random.Generator, median: float, sigma: float, cap: int) -> int:
+    """A count from a log-normal with the given median and sigma, in [1, cap]."""
+    return int(np.clip(round(median * np.exp(sigma * rng.standard_normal())), 1, max(1, cap)))
 
 
-def _repeat(rng: np.random.Generator, budget: int) -> tuple[str, str]:
-    s = _word(rng, int(rng.integers(1, 4)))
-    k = _heavy_count(rng, 4.0, budget // len(s))
-    return f"R{k}:{s}=", s * k
+def _repeat(rng: np.random.Generator, budget: int, sigma: float) -> tuple[str, str]:
+    s = _word(rng, min(int(rng.integers(1, 4)), max(1, budget - 2)))
+    k = _heavy_count(rng, 4.0, sigma, min(99, budget // (len(s) + 2)))
+    return f"R{k}:{s}=", "".join(f"{s}{i:02d}" for i in range(k, 0, -1))
 
 
-def _expand(rng: np.random.Generator, budget: int) -> tuple[str, str]:
+def _expand(rng: np.random.Generator, budget: int, sigma: float) -> tuple[str, str]:
     num_runs = int(rng.integers(2, 4))
     letters = _word(rng, num_runs)
-    counts = [_heavy_count(rng, 3.0, max(1, budget // num_runs)) for _ in letters]
+    counts = [_heavy_count(rng, 3.0, sigma, min(9, budget // num_runs)) for _ in letters]
     code = "".join(f"{c}{k}" for c, k in zip(letters, counts))
     return f"E:{code}=", "".join(c * k for c, k in zip(letters, counts))
 
 
-def _reverse(rng: np.random.Generator, budget: int) -> tuple[str, str]:
+def _reverse(rng: np.random.Generator, budget: int, sigma: float) -> tuple[str, str]:
     s = _word(rng, int(rng.integers(2, min(16, max(3, budget)))))
     return f"V:{s}=", s[::-1]
 
 
-def _count(rng: np.random.Generator, budget: int) -> tuple[str, str]:
+def _count(rng: np.random.Generator, budget: int, sigma: float) -> tuple[str, str]:
     s = _word(rng, int(rng.integers(3, 40)))
     return f"N:{s}=", str(len(s))
 
@@ -112,16 +119,33 @@ _MAKERS = {
 _FAMILY_WEIGHTS = (0.35, 0.25, 0.2, 0.2)
 
 
-class TaskSet:
-    """``num_prompts`` deterministic prompts; answers fit in ``max_output_tokens`` (with <eos>)."""
+COUNT_SIGMA = 1.1  # log-normal sigma of the repeat and run-length counts
 
-    def __init__(self, seed: int, num_prompts: int, max_output_tokens: int) -> None:
+
+class TaskSet:
+    """``num_prompts`` deterministic prompts; answers fit in ``max_output_tokens`` (with <eos>).
+
+    ``count_sigma`` widens or narrows the heavy tail of the counts; the warm-start trains
+    on a wider tail than the RL prompts use, so that the rare long answers are practised.
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        num_prompts: int,
+        max_output_tokens: int,
+        *,
+        count_sigma: float = COUNT_SIGMA,
+    ) -> None:
         if num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, not {num_prompts}")
         if max_output_tokens < 4:
             raise ValueError(f"max_output_tokens must be >= 4, not {max_output_tokens}")
+        if count_sigma <= 0:
+            raise ValueError(f"count_sigma must be > 0, not {count_sigma}")
         self.seed = seed
         self.max_output_tokens = max_output_tokens
+        self.count_sigma = count_sigma
         self._prompts = self._make(RngStreams(seed).get("tasks"), num_prompts)
 
     def _make(self, rng: np.random.Generator, num_prompts: int) -> list[TaskPrompt]:
@@ -130,7 +154,7 @@ class TaskSet:
         out = []
         for prompt_id in range(num_prompts):
             family = families[int(rng.choice(len(families), p=_FAMILY_WEIGHTS))]
-            text, answer = _MAKERS[family](rng, budget)
+            text, answer = _MAKERS[family](rng, budget, self.count_sigma)
             out.append(TaskPrompt(prompt_id, text, family, answer))
         return out
 

@@ -16,13 +16,16 @@ def test_answers_are_correct_for_each_family():
     for p in TaskSet(0, 400, 128).prompts:
         body = p.text[p.text.index(":") + 1 : -1]
         if p.family == Family.REPEAT:
-            assert p.answer == body * int(p.text[1 : p.text.index(":")])
+            k = int(p.text[1 : p.text.index(":")])
+            assert p.answer == "".join(f"{body}{i:02d}" for i in range(k, 0, -1))
         elif p.family == Family.REVERSE:
             assert p.answer == body[::-1]
         elif p.family == Family.COUNT:
             assert p.answer == str(len(body))
         else:
-            assert len(p.answer) == sum(int(x) for x in __import__("re").findall(r"\d+", body))
+            counts = [int(x) for x in body[1::2]]
+            assert body[1::2].isdigit() and max(counts) <= 9
+            assert p.answer == "".join(c * k for c, k in zip(body[::2], counts))
 
 
 def test_output_lengths_are_long_tailed_and_fit_the_cap():
@@ -66,3 +69,18 @@ def test_bad_sizes_are_value_errors():
         TaskPromptSource(TaskSet(0, 4, 64), batch_size=6, group_size=4)
     with pytest.raises(ValueError, match="num_prompts"):
         TaskSet(0, 0, 64)
+
+
+@pytest.mark.parametrize("cap", [4, 6, 16, 96])
+def test_answers_fit_small_caps_too(cap):
+    assert max(p.expected_output_tokens for p in TaskSet(2, 500, cap).prompts) <= cap
+
+
+def test_a_wider_count_sigma_makes_more_long_answers():
+    def long_share(sigma: float) -> float:  # share of repeats asking for 15 copies or more
+        repeats = [p for p in TaskSet(0, 2000, 128, count_sigma=sigma).prompts if p.family == "R"]
+        return np.mean([int(p.text[1 : p.text.index(":")]) >= 15 for p in repeats])
+
+    assert long_share(1.6) > 1.5 * long_share(1.1)
+    with pytest.raises(ValueError, match="count_sigma"):
+        TaskSet(0, 4, 64, count_sigma=0)
