@@ -39,6 +39,7 @@ def calibrate(profile_dir: Path, out: Path) -> dict[str, OperatorCalibration]:
     errors = {
         name: {
             "chosen": "+".join(c.fit.bases),
+            "estimator": c.estimator,
             "heldout_mape": c.fit.heldout_mape,
             "candidates": c.candidates,
         }

@@ -42,7 +42,19 @@ def test_operator_fit_recovers_an_affine_law_with_small_heldout_error():
     c = calibrate_operator("decode", frame)
     assert c.fit.heldout_mape < 1e-6
     assert c.fit(n=10, ctx=500) == pytest.approx(0.004 + 0.002 + 5e-5, rel=1e-6)
-    assert set(c.candidates) == {"+".join(b) for b in OPERATOR_TABLES["decode"][3]}
+    names = {"+".join(b) for b in OPERATOR_TABLES["decode"][3]}
+    assert set(c.candidates) == names | {f"{b} (median)" for b in names}
+    assert c.estimator == "least-squares"  # exact data: a tie, the plain fit wins
+
+
+def test_one_sided_timing_spikes_pick_the_median_fit():
+    tokens = np.array([26, 34, 46, 82, 115, 81, 214, 242, 356, 352, 357, 335])
+    forward_s = 0.001 + 3e-5 * tokens
+    forward_s[[4, 6, 8]] *= [2.0, 3.5, 2.5]  # interference only ever adds time
+    c = calibrate_operator("forward", pd.DataFrame({"num_tokens": tokens, "forward_s": forward_s}))
+    assert c.estimator == "median"
+    assert c.fit(tokens=200) == pytest.approx(0.001 + 3e-5 * 200, rel=0.02)
+    assert all(v >= 0 for v in c.fit.coefs)
 
 
 def test_operator_fit_names_missing_columns():
