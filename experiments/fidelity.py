@@ -91,9 +91,13 @@ def relative_error(live: float | None, sim: float | None) -> float | None:
 
 
 def lag_counts(samples: pd.DataFrame) -> dict[int, int]:
-    """Trained samples per lag (``version_trained - version_start``)."""
+    """Trained samples per lag (``version_trained - version_prompt``: from the weights the
+    prompt KV came from; ``version_start`` in results written before that column)."""
     trained = samples[samples["version_trained"].notna()]
-    lags = (trained["version_trained"] - trained["version_start"]).astype(int)
+    oldest = trained["version_start"]
+    if "version_prompt" in trained:
+        oldest = trained["version_prompt"].fillna(oldest)
+    lags = (trained["version_trained"] - oldest).astype(int)
     return dict(sorted(Counter(lags.tolist()).items()))
 
 

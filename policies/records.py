@@ -64,10 +64,16 @@ class Completion:
     token_ids: tuple[int, ...] | None = None  # live only
     logprobs: tuple[float, ...] | None = None  # sampling log-probs (live only)
     reward: float | None = None  # verifiable reward (live only)
+    version_prompt: int | None = None  # weights its prompt KV came from; None: version_start
 
     @property
     def sample_id(self) -> int:
         return self.request.sample_id
+
+    @property
+    def prompt_version(self) -> int:
+        """The (oldest) weight version the sample's prompt KV was computed with."""
+        return self.version_start if self.version_prompt is None else self.version_prompt
 
 
 @dataclass(slots=True)
@@ -134,6 +140,15 @@ class SampleRecord:
     version_end: int
     version_trained: int | None
     reward: float | None
+    version_prompt: int | None = None  # weights its prompt KV came from (>= version_start)
+
+    @property
+    def staleness(self) -> int | None:
+        """Versions between the oldest weights the sample depends on and those it trained."""
+        if self.version_trained is None:
+            return None
+        oldest = self.version_start if self.version_prompt is None else self.version_prompt
+        return self.version_trained - oldest
 
     @classmethod
     def from_completion(
@@ -158,6 +173,7 @@ class SampleRecord:
             version_end=c.version_end,
             version_trained=train_step,
             reward=c.reward,
+            version_prompt=c.prompt_version,
         )
 
 

@@ -13,8 +13,9 @@ generation instances and the trainer):
   there it is the context-switch time instead.
 * ``generation_utilization`` / ``trainer_utilization`` — busy (prefill, decode / train)
   time over the time the resource existed in the run.
-* ``mean_staleness`` / ``max_staleness`` — ``version_trained − version_start`` over trained
-  samples.
+* ``mean_staleness`` / ``max_staleness`` — ``version_trained − version_prompt`` over trained
+  samples: from the oldest weights a sample depends on, those its prompt KV was computed
+  with (``version_start`` unless the sample waited in an engine's queue across an update).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def compute_metrics(
     pipeline_s = switch_s if colocated else gen_wait_s + max(0.0, end_s - train_busy_s)
     trained = [s for s in samples if s.train_step is not None]
     generated = [s for s in samples if s.gen_end_s is not None]
-    stale = [s.version_trained - s.version_start for s in trained if s.version_trained is not None]
+    stale = [s.staleness for s in trained if s.staleness is not None]
     per_iter = [hi - lo for lo, hi in iteration_windows(samples).values()]
     throughput = len(trained) / end_s if end_s > 0 else 0.0
     return {

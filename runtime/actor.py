@@ -192,9 +192,10 @@ class Actor:
         self._learn_length(c.request, c.output_tokens)
         self.groups.finished(c, out.prompt_ids)
         # the controller counts versions from this run's start
+        offset = self.config.step_offset
         return dataclasses.replace(
-            c, version_start=c.version_start - self.config.step_offset,
-            version_end=c.version_end - self.config.step_offset,
+            c, version_start=c.version_start - offset, version_end=c.version_end - offset,
+            version_prompt=None if c.version_prompt is None else c.version_prompt - offset,
         )  # fmt: skip
 
     def _learn_length(self, request: Request, output_tokens: int) -> None:

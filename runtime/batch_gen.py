@@ -9,8 +9,10 @@ the per-sample HTTP request, request validation and OpenAI response formatting o
 
 Each line: ``index`` (position in the request), ``token_ids``, ``logprobs`` (the
 sampling log-prob of each token), ``text``, ``prompt_token_ids``, ``finish_reason``
-and ``version_start`` / ``version_end`` — the served weight version when the sample
-was added and when it finished (an in-flight update in between makes them differ).
+``version_start`` / ``version_end`` — the served weight version when the sample was
+added (after any update being loaded; its prompt is cache-salted with it) and when it
+finished (an in-flight update in between makes them differ) — and ``version_prompt``,
+the (oldest) version its prompt KV was computed with (:mod:`runtime.prompt_cache`).
 A sample that fails sends ``{"index": i, "error": "..."}``.
 """
 
@@ -22,6 +24,8 @@ import secrets
 from collections.abc import AsyncIterator
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.prompt_cache import salt_version
 
 
 class SampleBody(BaseModel):
@@ -42,9 +46,9 @@ class BatchBody(BaseModel):
 class BatchGenerator:
     """Runs a :class:`BatchBody` on the engine; yields one encoded line per finished sample."""
 
-    def __init__(self, engine, current_version) -> None:
+    def __init__(self, engine, control) -> None:
         self.engine = engine
-        self.current_version = current_version  # () -> the served weight version
+        self.control = control  # runtime.control.ServerControl: version, prompt KV version
         self.tokenizer = engine.get_tokenizer()
 
     async def stream(self, body: BatchBody) -> AsyncIterator[bytes]:
@@ -75,30 +79,31 @@ class BatchGenerator:
             max_tokens=sample.max_tokens, temperature=body.temperature, seed=sample.seed,
             ignore_eos=sample.ignore_eos, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
         )  # fmt: skip
-        version_start = self.current_version()
         try:
             final = None
             async for out in self.engine.generate(
                 engine_input, params, request_id, priority=sample.priority
             ):
                 final = out
-            line = _line(index, final, version_start, self.current_version(), self.tokenizer)
+            line = self._line(index, final, engine_input)
         except Exception as err:  # reported on the stream, the other samples go on
             line = {"index": index, "error": f"{type(err).__name__}: {err}"}
         lines.put_nowait(json.dumps(line).encode() + b"\n")
 
-
-def _line(index: int, out, version_start: int, version_end: int, tokenizer) -> dict:
-    c = out.outputs[0]
-    token_ids = list(c.token_ids)
-    logprobs = [float(lp[t].logprob) for lp, t in zip(c.logprobs, token_ids)]
-    return {
-        "index": index,
-        "token_ids": token_ids,
-        "logprobs": logprobs,
-        "text": tokenizer.decode(token_ids, skip_special_tokens=True),
-        "prompt_token_ids": list(out.prompt_token_ids),
-        "finish_reason": c.finish_reason,
-        "version_start": version_start,
-        "version_end": version_end,
-    }
+    def _line(self, index: int, out, engine_input: dict) -> dict:
+        # the engine salted the input with the version it was admitted at (in place)
+        salted = salt_version(engine_input.get("cache_salt"))
+        version_start = self.control.version if salted is None else salted
+        c = out.outputs[0]
+        token_ids = list(c.token_ids)
+        return {
+            "index": index,
+            "token_ids": token_ids,
+            "logprobs": [float(lp[t].logprob) for lp, t in zip(c.logprobs, token_ids)],
+            "text": self.tokenizer.decode(token_ids, skip_special_tokens=True),
+            "prompt_token_ids": list(out.prompt_token_ids),
+            "finish_reason": c.finish_reason,
+            "version_start": version_start,
+            "version_end": self.control.version,
+            "version_prompt": self.control.prompt_version(version_start, out),
+        }

@@ -3,7 +3,9 @@
 The objects the HTTP handlers of :mod:`runtime.server` call. An update pauses generation
 with ``mode="keep", clear_cache=False`` (running sequences keep their KV cache), receives
 and loads every tensor inside the vLLM worker (:class:`runtime.weight_sync.WeightReceiver`),
-sets the version and resumes. Any failure resumes on the previous weights.
+sets the version and resumes. Any failure resumes on the previous weights. New requests
+are admitted between updates only and salted with the served version, so prompt KV is
+shared within one weight version (:mod:`runtime.prompt_cache`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.prompt_cache import VersionHistory, install_salting, prompt_version
 from runtime.weight_sync import DTYPES, ParamMeta
 
 
@@ -76,7 +79,26 @@ class ServerControl:
         self.version = 0
         self.num_updates = 0
         self.last_pause_s: float | None = None
+        self.history = VersionHistory()
         self._lock = asyncio.Lock()
+        self._not_updating = asyncio.Event()  # cleared while an update is loaded
+        self._not_updating.set()
+
+    def salt_requests(self) -> None:
+        """Salt every request the engine admits with the served version (any route)."""
+        install_salting(self.engine, self.admit)
+
+    async def admit(self) -> int:
+        """The version to salt a new request with, once no update is being loaded."""
+        await self._not_updating.wait()
+        return self.version
+
+    def prompt_version(self, salted: int, out) -> int:
+        """The (oldest) version a finished request's prompt KV was computed with, from
+        when vLLM first scheduled it (``out.metrics``, if the engine logs stats)."""
+        scheduled_ts = getattr(getattr(out, "metrics", None), "scheduled_ts", 0.0)
+        scheduled = self.history.version_at(scheduled_ts) if scheduled_ts else None
+        return prompt_version(salted, scheduled, getattr(out, "num_cached_tokens", None))
 
     async def join_group(
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
@@ -89,17 +111,23 @@ class ServerControl:
         wire = [(m.name, m.shape, m.dtype) for m in metas]
         async with self._lock:
             start = time.perf_counter()
-            await self._pause()
+            self._not_updating.clear()
             try:
-                stages = await self.engine.collective_rpc(
-                    "tandem_receive", timeout=timeout_s, args=(wire,)
-                )
-                self.version = version
-                self.num_updates += 1
+                await self._pause()
+                stages = await self._receive(version, wire, timeout_s)
             finally:
                 await self.engine.resume_generation()
+                self._not_updating.set()
                 self.last_pause_s = time.perf_counter() - start
         return UpdateResult(version, len(metas), self.last_pause_s, stages[0] if stages else {})
+
+    async def _receive(self, version: int, wire: list, timeout_s: float) -> list:
+        """Receive and load inside the worker; the new version serves from now on."""
+        stages = await self.engine.collective_rpc("tandem_receive", timeout=timeout_s, args=(wire,))
+        self.version = version
+        self.num_updates += 1
+        self.history.served(version, time.monotonic())  # nothing is scheduled while paused
+        return stages
 
     async def _pause(self) -> None:
         """``pause_generation(mode="keep", clear_cache=False)`` without its trailing sleep.

@@ -120,6 +120,7 @@ class GenerationClient:
             gen_end_s=end_s,
             token_ids=token_ids,
             logprobs=tuple(d["logprobs"]),
+            version_prompt=d.get("version_prompt"),
         )
         return Generated(completion, d["text"], tuple(d["prompt_token_ids"]))
 

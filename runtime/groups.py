@@ -51,5 +51,5 @@ class GroupBook:
             logprobs_old=tuple(c.logprobs or ()),
             advantage=(c.reward or 0.0) - mean,
             reward=c.reward or 0.0,
-            version_start=c.version_start,
+            version_start=c.prompt_version,
         )

@@ -130,7 +130,7 @@ def control_router(control: ServerControl, token: str | None) -> APIRouter:
             stages_ms=result.stages_ms,
         )
 
-    batch = BatchGenerator(control.engine, lambda: control.version)
+    batch = BatchGenerator(control.engine, control)
 
     @router.post("/v1/tandem/generate")
     async def tandem_generate(body: BatchBody) -> StreamingResponse:
@@ -221,6 +221,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> None:
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         control = ServerControl(engine, checkpoint_manifest(args.model))
+        control.salt_requests()  # prompt KV is shared within one weight version only
         mount_contract(app, control, token)
         await init_app_state(engine, app.state, args, tasks)
         shutdown = await serve_http(

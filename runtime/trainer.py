@@ -48,7 +48,7 @@ class TrainItem:
     logprobs_old: tuple[float, ...]
     advantage: float
     reward: float
-    version_start: int
+    version_start: int  # the oldest weights it depends on: its prompt KV's version
 
 
 @dataclass(slots=True)

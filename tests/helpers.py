@@ -44,6 +44,7 @@ SAMPLE_COLUMNS = [
     "version_end",
     "version_trained",
     "reward",
+    "version_prompt",
 ]
 SPAN_COLUMNS = ["resource", "kind", "start_s", "end_s", "iteration", "batch_size"]
 

@@ -99,9 +99,7 @@ def _iteration_rows(result: RunResult) -> list[IterationRow]:
 
 
 def _staleness(result: RunResult) -> dict[int, int]:
-    lags = Counter(
-        s.version_trained - s.version_start for s in result.samples if s.version_trained is not None
-    )
+    lags = Counter(s.staleness for s in result.samples if s.staleness is not None)
     return dict(sorted(lags.items()))
 
 
