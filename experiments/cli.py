@@ -7,12 +7,12 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from experiments.specs import config_path
 from policies.results import RunResult
 from policies.spec import RunSpec, SpecError, load_spec
 
@@ -33,17 +33,6 @@ SUMMARY_KEYS = [
 ]
 
 console = Console()
-
-
-def config_path(name: str) -> Path:
-    """A spec path, or the name of a shipped config (``streamrl-7b``, ``live-tiny``...)."""
-    path = Path(name)
-    if path.exists():
-        return path
-    shipped = Path(str(resources.files("experiments") / "configs" / f"{path.stem}.yaml"))
-    if shipped.exists():
-        return shipped
-    raise SpecError(f"spec {name!r} is neither a file nor a shipped config")
 
 
 def _load(args: argparse.Namespace) -> RunSpec:

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.fidelity import Case, pooled_lag_counts
-from experiments.fidelity_tables import METRICS
+from experiments.fidelity_compare import METRICS, Case, pooled_lag_counts
 from policies.results import RunResult
 
 

@@ -3,22 +3,9 @@ throughput, and the pairs of modes that live orders alike on every seed."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pandas as pd
 
-if TYPE_CHECKING:
-    from experiments.fidelity import Summary
-
-METRICS = {
-    "throughput_samples_per_s": "throughput (samples/s)",
-    "generation_time_s": "generation time per iteration (s)",
-    "iteration_time_s": "iteration time (s)",
-    "trainer_utilization": "trainer busy fraction",
-    "pipeline_bubble_s": "pipeline bubble (s)",
-    "skewness_bubble_s": "skewness bubble (s)",
-    "mean_staleness": "mean lag (versions)",
-}
+from experiments.fidelity_compare import METRICS, Summary
 
 
 def _fmt(value: object, pct: bool = False) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
+from experiments.specs import config_path
 from policies.results import iteration_windows, write_atomic
 from policies.rng import RngStreams
 from policies.spec import RunSpec, load_spec
@@ -231,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     tasks.add_argument("--group-size", type=int, default=4)
     args = parser.parse_args(argv)
     if args.command == "sim-eval":
-        from experiments.cli import config_path
-
         spec = load_spec(config_path(args.spec), args.set)
         print(json.dumps(sim_eval(spec, args.fit_iterations, args.model), indent=2))
     else:

@@ -8,7 +8,7 @@ iterations only.
 
 from __future__ import annotations
 
-from experiments.cli import config_path
+from experiments.specs import config_path
 from policies.spec import load_spec
 from sim.simulator import Simulation
 

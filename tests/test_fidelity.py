@@ -9,20 +9,22 @@ import pytest
 from helpers import write_cost_model
 
 from experiments.fidelity import (
-    Case,
     FidelityPlan,
     build_report,
     case_spec,
+    load_cases,
+    sim_spec_for,
+    trace_of,
+    write_report,
+)
+from experiments.fidelity_compare import (
+    Case,
     compare_case,
     lag_counts,
     lag_distance,
-    load_cases,
     pooled_lag_counts,
     relative_error,
-    sim_spec_for,
     summarise,
-    trace_of,
-    write_report,
 )
 from experiments.fidelity_tables import live_spread, seed_orders, seed_orders_text
 from policies.records import SampleRecord, Span, SpanKind

@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.cli import config_path  # noqa: E402
+from experiments.specs import config_path  # noqa: E402
 from policies.spec import load_spec  # noqa: E402
 from sim.simulator import Simulation  # noqa: E402
 

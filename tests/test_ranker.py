@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.cli import config_path, main
+from experiments.cli import main
 from experiments.predictors import ranker_for, task_trace
+from experiments.specs import config_path
 from policies.protocols import LengthPredictor
 from policies.records import Request
 from policies.spec import load_spec

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from experiments import cli
-from experiments.cli import config_path, main
+from experiments.cli import main
+from experiments.specs import config_path
 from policies.records import InflightHandling
 from policies.spec import (
     RunSpec,

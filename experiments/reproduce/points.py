@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from experiments.specs import config_path
 from policies.records import SpanKind
 from policies.results import RunResult
 from policies.spec import RunSpec, load_spec
@@ -32,8 +33,6 @@ class Point:
     overrides: tuple[str, ...]
 
     def spec(self) -> RunSpec:
-        from experiments.cli import config_path
-
         return load_spec(config_path(self.config), list(self.overrides))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from experiments.reproduce import streamrl_points as sp
+import experiments.reproduce.streamrl_points as sp
 from experiments.reproduce.assumptions import STREAMRL_ASSUMPTIONS
 from experiments.reproduce.figures import Axes, bars
 from experiments.reproduce.points import Point, PointResult, run_points

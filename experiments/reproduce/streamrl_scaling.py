@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.reproduce import streamrl_points as sp
+import experiments.reproduce.streamrl_points as sp
 from experiments.reproduce.figures import Axes, bars, lines, twin_lines
 from experiments.reproduce.points import Point, PointResult
 from experiments.reproduce.report import Claim, Section, Table, range_verdict, ratio_range
+from experiments.specs import config_path
 from policies.protocols import Device
 
 Results = dict[Point, PointResult]
@@ -57,7 +58,6 @@ def stage_section(res: Results, b: sp.Budget, out: Path) -> Section:
 
 
 def ptl_section(out: Path) -> Section:
-    from experiments.cli import config_path
     from policies.spec import load_spec
     from sim.costs import build_cost_model
     from sim.tables import data_path
