@@ -116,7 +116,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         report = bench_sim(spec, iterations=args.iterations or 10)
     else:
-        from runtime.bench import bench_live
+        from experiments.bench_live import bench_live
 
         spec = load_spec(config_path(args.spec or "live-tiny"), args.set)
         report = bench_live(spec, steps=args.iterations, rounds=args.rounds)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from experiments.bench_live import MODES, mode_figures, round_order
 from policies.records import Span, SpanKind
 from policies.results import RunResult
 from policies.spec import load_spec
-from runtime.bench import MODES, mode_figures, round_order
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
 

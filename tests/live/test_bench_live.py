@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.bench_live import MODES, bench_modes, compare_generation
 from policies.spec import load_spec
-from runtime.bench import MODES, bench_modes, compare_generation
 
 pytestmark = pytest.mark.live
 

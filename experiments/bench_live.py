@@ -39,6 +39,7 @@ from pathlib import Path
 
 import httpx
 
+from experiments.specs import config_path
 from policies.records import Request
 from policies.results import RunResult
 from policies.spec import RunSpec, load_spec
@@ -51,9 +52,7 @@ from runtime.tasks import TaskPromptSource, TaskSet
 MODES = ("disagg-sync", "stream-sync", "stream-async", "pipeline")
 STEPS = 20  # per mode and round: live-tiny's iterations vary a lot in length (a long tail)
 ROUNDS = 3
-DEFAULT_CONFIG = (
-    Path(__file__).resolve().parent.parent / "experiments" / "configs" / "live-tiny.yaml"
-)
+DEFAULT_CONFIG = "live-tiny"  # a shipped config (experiments/configs/)
 
 
 @dataclass(slots=True, frozen=True)
@@ -138,7 +137,7 @@ async def compare_generation(spec: RunSpec, url: str, num_waves: int) -> dict:
 def _as_spec(config: RunSpec | str | Path | None) -> RunSpec:
     if isinstance(config, RunSpec):
         return config.model_copy(deep=True)
-    return load_spec(config or DEFAULT_CONFIG)
+    return load_spec(config_path(config or DEFAULT_CONFIG))
 
 
 def bench_live(
