@@ -22,9 +22,9 @@ from typing import Protocol
 
 import numpy as np
 
+from policies.cluster import ClusterSection, GenerationPool
 from policies.protocols import CostModel, Device
-from policies.registry import Registry
-from policies.spec import ClusterSection, GenerationPool, RunSpec
+from policies.registry import Factories, Registry
 
 
 @dataclass(slots=True)
@@ -69,14 +69,11 @@ class AllocationPolicy(Protocol):
     def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection: ...
 
 
-ALLOCATION: Registry[AllocationPolicy] = Registry("allocation")
+ALLOCATION: Factories[AllocationPolicy] = Registry("allocation")
 
 
 @ALLOCATION.register("fixed")
 class FixedAllocation:
-    def __init__(self, **_: object) -> None:
-        pass
-
     def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
         return cluster
 
@@ -89,9 +86,6 @@ def _single_pool(cluster: ClusterSection) -> GenerationPool:
 
 @ALLOCATION.register("balanced")
 class BalancedAllocation:
-    def __init__(self, **_: object) -> None:
-        pass
-
     def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
         pool = _single_pool(cluster)
         same_place = (
@@ -147,9 +141,7 @@ class ElasticAllocation:
     ``k`` more instances, so the long tail (which more instances cannot shorten) counts.
     """
 
-    def __init__(
-        self, max_extra_instances: int = 4, instances_per_step: int = 1, **_: object
-    ) -> None:
+    def __init__(self, max_extra_instances: int = 4, instances_per_step: int = 1) -> None:
         self.max_extra_instances = max_extra_instances
         self.instances_per_step = instances_per_step
         self.added = 0
@@ -179,13 +171,3 @@ class ElasticAllocation:
         now = self._model.generation_s(self._pool, num_instances * tp)
         more = self._model.generation_s(self._pool, (num_instances + k) * tp)
         return max(0.0, 1.0 - more / now) if now > 0 else 0.0
-
-
-def build_allocation(spec: RunSpec) -> AllocationPolicy:
-    name = spec.policies.allocation
-    tp = spec.cluster.generation[0].tp
-    return ALLOCATION.create(
-        name,
-        max_extra_instances=spec.policies.elastic.max_extra_instances,
-        instances_per_step=max(1, spec.policies.elastic.gpus_per_step // tp),
-    )

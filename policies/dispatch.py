@@ -20,7 +20,7 @@ import numpy as np
 
 from policies.protocols import CostModel, Device
 from policies.records import InstanceView, Request
-from policies.registry import Registry
+from policies.registry import Factories, Registry
 
 
 class DispatchPolicy(Protocol):
@@ -29,7 +29,7 @@ class DispatchPolicy(Protocol):
         ...
 
 
-DISPATCH: Registry[DispatchPolicy] = Registry("dispatch")
+DISPATCH: Factories[DispatchPolicy] = Registry("dispatch")
 
 
 def _require(instances: Sequence[InstanceView]) -> None:
@@ -39,7 +39,7 @@ def _require(instances: Sequence[InstanceView]) -> None:
 
 @DISPATCH.register("random")
 class RandomDispatch:
-    def __init__(self, rng: np.random.Generator | None = None, **_: object) -> None:
+    def __init__(self, rng: np.random.Generator | None = None) -> None:
         self._rng = rng if rng is not None else np.random.default_rng(0)
 
     def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
@@ -50,7 +50,7 @@ class RandomDispatch:
 
 @DISPATCH.register("round-robin")
 class RoundRobinDispatch:
-    def __init__(self, **_: object) -> None:
+    def __init__(self) -> None:
         self._cursor = 0
 
     def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
@@ -80,9 +80,6 @@ class _Loads:
 @DISPATCH.register("least-loaded")
 class LeastLoadedDispatch:
     """Least predicted tokens outstanding (least requests when nothing is predicted)."""
-
-    def __init__(self, **_: object) -> None:
-        pass
 
     def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
         _require(instances)
@@ -114,13 +111,13 @@ def instance_latency_s(
 
 @DISPATCH.register("skewness-aware")
 class SkewnessAwareDispatch:
+    HISTORY = 4096  # recent predictions the length quantiles are taken over
+
     def __init__(
         self,
         cost_model: CostModel | None = None,
         objective: str = "sum",
         long_tail_fraction: float = 0.2,
-        history: int = 4096,
-        **_: object,
     ) -> None:
         if cost_model is None:
             raise ValueError("skewness-aware dispatch needs a cost model")
@@ -129,8 +126,8 @@ class SkewnessAwareDispatch:
         self._cost = cost_model
         self._objective = objective
         self._fraction = long_tail_fraction
-        self._history: deque[float] = deque(maxlen=history)
-        self._refresh_every = max(1, history // 64)
+        self._history: deque[float] = deque(maxlen=self.HISTORY)
+        self._refresh_every = max(1, self.HISTORY // 64)
         self._since_refresh = 0
         self._quantiles = (0.0, 0.0, 0.0)  # p50, p90 and the long-tail threshold
         self.last_num_long: int | None = None  # the split chosen by the last call

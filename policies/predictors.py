@@ -14,11 +14,11 @@ import numpy as np
 
 from policies.protocols import LengthPredictor
 from policies.records import Request
-from policies.registry import Registry
+from policies.registry import Factories, Registry
 
 TruthFn = Callable[[Request], int]
 
-PREDICTORS: Registry[LengthPredictor] = Registry("length_predictor")
+PREDICTORS: Factories[LengthPredictor] = Registry("length_predictor")
 
 
 def top_recall(true_lengths: np.ndarray, scores: np.ndarray, fraction: float) -> float:
@@ -40,7 +40,7 @@ def _need_truth(truth: TruthFn | None, name: str) -> TruthFn:
 
 @PREDICTORS.register("oracle")
 class OraclePredictor:
-    def __init__(self, truth: TruthFn | None = None, **_: object) -> None:
+    def __init__(self, truth: TruthFn | None = None) -> None:
         self._truth = _need_truth(truth, "oracle")
 
     def fit(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None:
@@ -52,9 +52,6 @@ class OraclePredictor:
 
 @PREDICTORS.register("none")
 class NoPredictor:
-    def __init__(self, **_: object) -> None:
-        pass
-
     def fit(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None:
         pass
 
@@ -86,7 +83,6 @@ class NoisyOraclePredictor:
         target_recall: float = 0.87,
         rng: np.random.Generator | None = None,
         calibration_lengths: Sequence[int] | None = None,
-        **_: object,
     ) -> None:
         self._truth = _need_truth(truth, "noisy-oracle")
         self._rng = rng if rng is not None else np.random.default_rng(0)
@@ -105,7 +101,7 @@ class NoisyOraclePredictor:
 
 
 @PREDICTORS.register("ranker")
-def _ranker(ranker: LengthPredictor | None = None, **_: object) -> LengthPredictor:
+def _ranker(ranker: LengthPredictor | None = None) -> LengthPredictor:
     """The learned output-length ranker (``ranker/``), built by the caller and passed in."""
     if ranker is None:
         raise ValueError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from policies.records import Request
-from policies.registry import Registry
+from policies.registry import Factories, Registry
 
 
 class SchedulingPolicy(Protocol):
@@ -14,15 +14,12 @@ class SchedulingPolicy(Protocol):
         ...
 
 
-SCHEDULING: Registry[SchedulingPolicy] = Registry("scheduling")
+SCHEDULING: Factories[SchedulingPolicy] = Registry("scheduling")
 
 
 @SCHEDULING.register("fcfs")
 class FcfsScheduling:
     """First come, first served (vLLM's default)."""
-
-    def __init__(self, **_: object) -> None:
-        pass
 
     def priority(self, request: Request) -> float:
         return 0.0
@@ -31,9 +28,6 @@ class FcfsScheduling:
 @SCHEDULING.register("lpt")
 class LptScheduling:
     """Longest predicted output first (StreamRL); unknown predictions go last, in order."""
-
-    def __init__(self, **_: object) -> None:
-        pass
 
     def priority(self, request: Request) -> float:
         return -(request.predicted_tokens or 0.0)

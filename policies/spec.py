@@ -11,24 +11,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from policies.allocation import ALLOCATION
+from policies.cluster import ClusterSection
+from policies.cluster import Section as _Section
+from policies.dispatch import DISPATCH
+from policies.modes import MODES
+from policies.predictors import PREDICTORS
 from policies.records import InflightHandling
+from policies.scheduling import SCHEDULING
 
 
 class SpecError(ValueError):
     """A spec that cannot be run; the message names the offending key."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class RunSection(_Section):
@@ -40,51 +36,6 @@ class RunSection(_Section):
 class ModelSection(_Section):
     name: str = Field("Qwen2.5-7B", description="row of models.csv (sim cost model)")
     path: str | None = Field(None, description="Hugging Face model directory (live)")
-
-
-class GenerationPool(_Section):
-    """A set of identical generation instances in one datacenter."""
-
-    hardware: str = "H800"
-    num_gpus: int = Field(16, ge=1)
-    tp: int = Field(1, ge=1, description="GPUs per instance (tensor parallelism)")
-    datacenter: str = "dc0"
-    max_num_seqs: int = Field(256, ge=1, description="vLLM max running sequences")
-
-    @model_validator(mode="after")
-    def _whole_instances(self) -> GenerationPool:
-        if self.num_gpus % self.tp:
-            raise ValueError(f"num_gpus ({self.num_gpus}) must be a multiple of tp ({self.tp})")
-        return self
-
-    @property
-    def num_instances(self) -> int:
-        return self.num_gpus // self.tp
-
-
-class TrainerPool(_Section):
-    hardware: str = "H800"
-    num_gpus: int = Field(16, ge=1)
-    datacenter: str = "dc0"
-
-
-class NetworkSection(_Section):
-    intra_dc_gbps: float = Field(1600.0, gt=0, description="per-node NIC bandwidth, Gbit/s")
-    inter_dc_gbps: float = Field(80.0, gt=0, description="link between datacenters, Gbit/s")
-    latency_s: float = Field(1e-4, ge=0, description="per-transfer latency, s")
-    pcie_gb_per_s: float = Field(50.0, gt=0, description="host-device GB/s (context switch)")
-
-
-class ClusterSection(_Section):
-    generation: list[GenerationPool] = Field(default_factory=lambda: [GenerationPool()])
-    trainer: TrainerPool = Field(default_factory=TrainerPool)
-    network: NetworkSection = Field(default_factory=NetworkSection)
-
-    @model_validator(mode="after")
-    def _nonempty(self) -> ClusterSection:
-        if not self.generation:
-            raise ValueError("generation needs at least one pool")
-        return self
 
 
 class WorkloadSection(_Section):
@@ -147,8 +98,6 @@ class PipelineSection(_Section):
     @field_validator("mode")
     @classmethod
     def _known_mode(cls, value: str) -> str:
-        from policies.modes import MODES
-
         return _check_name(value, MODES.names())
 
     @field_validator("inflight")
@@ -177,29 +126,21 @@ class PoliciesSection(_Section):
     @field_validator("dispatch")
     @classmethod
     def _known_dispatch(cls, value: str) -> str:
-        from policies.dispatch import DISPATCH
-
         return _check_name(value, DISPATCH.names())
 
     @field_validator("scheduling")
     @classmethod
     def _known_scheduling(cls, value: str) -> str:
-        from policies.scheduling import SCHEDULING
-
         return _check_name(value, SCHEDULING.names())
 
     @field_validator("length_predictor")
     @classmethod
     def _known_predictor(cls, value: str) -> str:
-        from policies.predictors import PREDICTORS
-
         return _check_name(value, PREDICTORS.names())
 
     @field_validator("allocation")
     @classmethod
     def _known_allocation(cls, value: str) -> str:
-        from policies.allocation import ALLOCATION
-
         return _check_name(value, ALLOCATION.names())
 
 

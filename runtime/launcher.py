@@ -20,14 +20,12 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from policies.dispatch import DISPATCH
-from policies.modes import MODES, build_controller
-from policies.predictors import PREDICTORS
+from policies.build import ExecutorInputs, RunPolicies, build_policies, instance_views, mode_of
+from policies.modes.base import PromptSource
 from policies.protocols import LengthPredictor, OnlineLengthPredictor
-from policies.records import InflightHandling, InstanceView, Request, SampleRecord, Span, SpanKind
+from policies.records import InflightHandling, Request, SampleRecord, Span, SpanKind
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
-from policies.scheduling import SCHEDULING
 from policies.spec import RunSpec, load_spec
 from runtime.actor import Actor, ActorConfig
 from runtime.cost import TinyCostModel
@@ -204,63 +202,50 @@ def _restored(data: dict, offset: int) -> Recorder:
 def _make_actor(
     spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str, length_predictor
 ) -> Actor:
-    streams = RngStreams(spec.run.seed)
     tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
     source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
     prompts = ResumablePrompts(source, trained_ids)
     recorder.iteration_of = prompts.iteration_of
     local = spec.model_copy(deep=True)
     local.run.iterations = spec.run.iterations - offset
-    predictor = _predictor(spec, tasks, streams, length_predictor)
-    controller = build_controller(
-        local, prompts, predictor,
-        _dispatch(spec, streams), _views(spec, len(clients)), spec.live.micro_batch_samples,
-    )  # fmt: skip
+    policies = live_policies(local, tasks, prompts, len(clients), length_predictor)
     config = ActorConfig(
         group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
         checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
     )  # fmt: skip
-    scheduling = SCHEDULING.create(spec.policies.scheduling)
+    predictor = policies.predictor
     learn = predictor.update if isinstance(predictor, OnlineLengthPredictor) else None
-    return Actor(config, controller, clients, trainer, tasks, scheduling.priority, recorder, learn)
+    return Actor(
+        config, policies.controller, clients, trainer, tasks, policies.scheduling.priority,
+        recorder, learn,
+    )  # fmt: skip
 
 
-def _predictor(
-    spec: RunSpec, tasks: TaskSet, streams: RngStreams, ranker: LengthPredictor | None
-) -> LengthPredictor:
-    return PREDICTORS.create(
-        spec.policies.length_predictor,
-        ranker=ranker,
-        truth=lambda r: tasks[r.prompt_id].expected_output_tokens,
-        rng=streams.get("predictor"),
-        target_recall=spec.policies.predictor_recall,
-        calibration_lengths=[p.expected_output_tokens for p in tasks.prompts],
-    )
-
-
-def _dispatch(spec: RunSpec, streams: RngStreams):
-    return DISPATCH.create(
-        spec.policies.dispatch,
-        rng=streams.get("dispatch"),
+def live_policies(
+    spec: RunSpec,
+    tasks: TaskSet,
+    prompts: PromptSource,
+    num_instances: int,
+    ranker: LengthPredictor | None = None,
+) -> RunPolicies:
+    """The policies of a live run on ``num_instances`` servers (through the one builder):
+    the truth is each task's reference answer length; no instance is ever added live."""
+    inputs = ExecutorInputs(
         cost_model=TinyCostModel(),
-        objective=spec.policies.dispatch_objective,
-        long_tail_fraction=spec.policies.long_tail_fraction,
+        prompts=prompts,
+        rngs=RngStreams(spec.run.seed),
+        micro_batch_samples=spec.live.micro_batch_samples,
+        truth=lambda r: tasks[r.prompt_id].expected_output_tokens,
+        calibration_lengths=[p.expected_output_tokens for p in tasks.prompts],
+        ranker=ranker,
     )
+    views = instance_views(spec, lambda device: live_kv_capacity_tokens(spec), num_instances)
+    return build_policies(spec, inputs, views)
 
 
-def _views(spec: RunSpec, num_instances: int) -> list[InstanceView]:
-    pool = spec.cluster.generation[0]
-    return [
-        InstanceView(
-            i,
-            "cpu",
-            1,
-            pool.datacenter,
-            pool.max_num_seqs,
-            pool.max_num_seqs * spec.live.max_model_len,
-        )
-        for i in range(num_instances)
-    ]
+def live_kv_capacity_tokens(spec: RunSpec) -> int:
+    """KV-cache tokens one server may hold: every sequence at ``live.max_model_len``."""
+    return spec.cluster.generation[0].max_num_seqs * spec.live.max_model_len
 
 
 def _result(spec: RunSpec, recorder: Recorder, end_s: float, num_instances: int) -> RunResult:
@@ -268,7 +253,7 @@ def _result(spec: RunSpec, recorder: Recorder, end_s: float, num_instances: int)
     spans = sorted(recorder.spans, key=lambda s: (s.start_s, s.resource))
     metrics = compute_metrics(
         samples, spans, end_s, {f"gen-{i}": 0.0 for i in range(num_instances)},
-        MODES.create(spec.pipeline.mode).colocated, spec.run.iterations, None,
+        mode_of(spec).colocated, spec.run.iterations, None,
     )  # fmt: skip
     metrics["live_wall_s"] = end_s
     rewards = [s["mean_reward"] for s in recorder.steps if s.get("mean_reward") is not None]

@@ -15,9 +15,17 @@ from dataclasses import dataclass
 
 import simpy
 
-from policies.allocation import AllocationPolicy, StageModel, build_allocation
-from policies.dispatch import DISPATCH
-from policies.modes import MODES, Controller, build_controller
+from policies.allocation import AllocationPolicy, StageModel
+from policies.build import (
+    ExecutorInputs,
+    build_allocation,
+    build_policies,
+    instance_view,
+    instance_views,
+    mode_of,
+)
+from policies.cluster import ClusterSection, GenerationPool
+from policies.modes import ModeTraits
 from policies.modes.events import (
     Command,
     ContextSwitched,
@@ -37,12 +45,10 @@ from policies.modes.events import (
     TrainStepDone,
     WeightsLoaded,
 )
-from policies.predictors import PREDICTORS
 from policies.protocols import Device, LengthPredictor
 from policies.records import (
     Completion,
     InflightHandling,
-    InstanceView,
     Request,
     SampleRecord,
     Span,
@@ -51,8 +57,7 @@ from policies.records import (
 )
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
-from policies.scheduling import SCHEDULING
-from policies.spec import ClusterSection, GenerationPool, RunSpec
+from policies.spec import RunSpec
 from sim.costs import DecodeLaw, SimCostModel, build_cost_model, to_seconds, to_ticks
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine
 from sim.tables import hardware_table
@@ -92,13 +97,16 @@ class Simulation:
 
 
 def resolve_cluster(
-    spec: RunSpec, cost: SimCostModel, workload: Workload
-) -> tuple[ClusterSection, AllocationPolicy]:
-    """The cluster that runs (colocated modes share every GPU, allocation may re-split),
-    and the allocation policy, which stays on as the scaling rule of ``elastic``."""
+    spec: RunSpec,
+    mode: ModeTraits,
+    cost: SimCostModel,
+    workload: Workload,
+    allocation: AllocationPolicy,
+) -> ClusterSection:
+    """The cluster that runs: colocated modes share every GPU, allocation may re-split it
+    (and stays on as the scaling rule of ``elastic``)."""
     cluster = spec.cluster
-    allocation = build_allocation(spec)
-    if MODES.create(spec.pipeline.mode).colocated:
+    if mode.colocated:
         pool = cluster.generation[0]
         total = sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
         colocated = cluster.model_copy(
@@ -107,14 +115,14 @@ def resolve_cluster(
                 "trainer": cluster.trainer.model_copy(update={"num_gpus": total}),
             }
         )
-        return colocated, allocation
+        return colocated
     model = StageModel(
         cost=cost,
         batch_size=spec.algorithm.batch_size,
         prompt_tokens=workload.mean_prompt_tokens,
         output_tokens=workload.sample_lengths(4096),
     )
-    return allocation.allocate(cluster, model), allocation
+    return allocation.allocate(cluster, model)
 
 
 class _World:
@@ -131,12 +139,16 @@ class _World:
         self.rngs = RngStreams(spec.run.seed)
         self.cost = build_cost_model(spec)
         self.workload = Workload(spec, self.rngs)
-        self.cluster, self._allocation = resolve_cluster(spec, self.cost, self.workload)
+        allocation = build_allocation(spec)
+        self.mode = mode_of(spec)
+        self.cluster = resolve_cluster(spec, self.mode, self.cost, self.workload, allocation)
         self.spec = spec.model_copy(update={"cluster": self.cluster})
-        self.colocated = MODES.create(spec.pipeline.mode).colocated
+        self.colocated = self.mode.colocated
         self._fast_forward = fast_forward
         self._on_step = on_step
-        self._scheduling = SCHEDULING.create(spec.policies.scheduling)
+        views = instance_views(self.spec, self.cost.kv_capacity_tokens)
+        self.policies = build_policies(self.spec, self._executor_inputs(), views, allocation)
+        self.controller = self.policies.controller
         self.instances: dict[int, _Instance] = {}
         self.completions: dict[int, Completion] = {}
         self.spans: list[Span] = []
@@ -145,7 +157,6 @@ class _World:
         for pool in self.cluster.generation:
             for _ in range(pool.num_instances):
                 self._add_instance(pool, version=0)
-        self.controller = self._make_controller()
         self._handlers: dict[type, Callable] = {
             Dispatch: self._dispatch,
             TrainSamples: self.trainer.submit,
@@ -178,7 +189,7 @@ class _World:
             law=lambda n, d=device: self.cost.decode_law(d, n),
             contended_law=self._contended_law(device),
             prefill_ticks=lambda tokens, d=device: to_ticks(self.cost.prefill_s(d, tokens)),
-            scheduling=self._scheduling,
+            scheduling=self.policies.scheduling,
             truth=self.workload.true_output_tokens,
             hooks=hooks,
             version=version,
@@ -202,18 +213,6 @@ class _World:
         for inst in self.instances.values():
             inst.engine.set_contended(busy)
 
-    def _view(self, inst: _Instance) -> InstanceView:
-        e = inst.engine
-        return InstanceView(
-            instance_id=e.config.instance_id,
-            hardware=inst.pool.hardware,
-            tp=inst.pool.tp,
-            datacenter=inst.pool.datacenter,
-            max_num_seqs=e.config.max_num_seqs,
-            kv_capacity_tokens=e.config.kv_capacity_tokens,
-            version=e.version,
-        )
-
     def _make_trainer(self) -> SimTrainer:
         t = self.cluster.trainer
         device = Device(t.hardware, t.num_gpus)
@@ -228,32 +227,18 @@ class _World:
             on_busy=self._trainer_busy,
         )
 
-    def _make_controller(self) -> Controller:
-        s = self.spec
-        predictor = PREDICTORS.create(
-            s.policies.length_predictor,
-            truth=self.workload.true_output_tokens,
-            target_recall=s.policies.predictor_recall,
-            rng=self.rngs.get("predictor"),
-            calibration_lengths=list(self.workload.sample_lengths(NUM_CALIBRATION_SAMPLES)),
-            ranker=self._ranker,
-        )
-        dispatch = DISPATCH.create(
-            s.policies.dispatch,
-            rng=self.rngs.get("dispatch"),
+    def _executor_inputs(self) -> ExecutorInputs:
+        """What only the simulator knows, for the builder."""
+        return ExecutorInputs(
             cost_model=self.cost,
-            objective=s.policies.dispatch_objective,
-            long_tail_fraction=s.policies.long_tail_fraction,
-        )
-        scaling = self._allocation if hasattr(self._allocation, "instances_to_add") else None
-        return build_controller(
-            s,
-            self.workload,
-            predictor,
-            dispatch,
-            [self._view(i) for i in self.instances.values()],
-            micro_batch_samples=self.cluster.trainer.num_gpus * s.algorithm.micro_batch_per_gpu,
-            scaling=scaling,  # type: ignore[arg-type]
+            prompts=self.workload,
+            rngs=self.rngs,
+            micro_batch_samples=self.cluster.trainer.num_gpus
+            * self.spec.algorithm.micro_batch_per_gpu,
+            truth=self.workload.true_output_tokens,
+            calibration_lengths=list(self.workload.sample_lengths(NUM_CALIBRATION_SAMPLES)),
+            ranker=self._ranker,  # for ``length_predictor: ranker``, fitted by the caller
+            can_scale_out=True,
         )
 
     # -- events in, commands out ----------------------------------------------------------
@@ -331,7 +316,11 @@ class _World:
         pool = self.cluster.generation[0]
         for _ in range(count):
             inst = self._add_instance(pool, version=self.controller.latest_version)
-            self.emit(InstanceAdded(to_seconds(self.env.now), self._view(inst)))
+            view = instance_view(
+                inst.engine.config.instance_id, pool, self.cost.kv_capacity_tokens,
+                inst.engine.version,
+            )  # fmt: skip
+            self.emit(InstanceAdded(to_seconds(self.env.now), view))
 
     # -- result ---------------------------------------------------------------------------
 

@@ -11,10 +11,10 @@ from policies.allocation import (
     ElasticAllocation,
     FixedAllocation,
     StageModel,
-    build_allocation,
 )
+from policies.build import build_allocation
+from policies.cluster import ClusterSection
 from policies.protocols import Device
-from policies.spec import ClusterSection
 
 
 class UnitCost:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 from helpers import FakePredictor, FakePrompts, completion, make_spec, view
 
+from policies.build import build_controller, controller_config
 from policies.dispatch import RoundRobinDispatch
-from policies.modes import MODES, build_controller, controller_config
+from policies.modes import MODES
 from policies.modes.events import (
     ContextSwitched,
     Dispatch,

@@ -1,11 +1,12 @@
-"""What every pipeline-mode controller shares: instances, prompts, dispatch, micro-batches."""
+"""What every pipeline-mode controller shares: instances, prompts, dispatch, micro-batches;
+and the registry of modes, each a controller class with its traits."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar, runtime_checkable
 
 from policies.dispatch import DispatchPolicy
 from policies.modes.events import (
@@ -20,6 +21,9 @@ from policies.modes.events import (
 )
 from policies.protocols import LengthPredictor
 from policies.records import Completion, InflightHandling, InstanceView, Request
+from policies.registry import Registry
+
+DEFAULT_MAX_LAG = 4  # ``pipeline.max_lag`` of the ``pipeline`` mode when the spec leaves it unset
 
 
 class PromptSource(Protocol):
@@ -28,6 +32,7 @@ class PromptSource(Protocol):
         ...
 
 
+@runtime_checkable
 class ScalingRule(Protocol):
     def instances_to_add(
         self, gen_time_s: float, train_time_s: float, num_instances: int
@@ -125,3 +130,47 @@ class Controller:
 
     def _on_instance_added(self, event: InstanceAdded) -> None:
         self.views[event.view.instance_id] = event.view
+
+
+C = TypeVar("C", bound=type[Controller])
+
+
+@dataclass(frozen=True, slots=True)
+class ModeTraits:
+    """A pipeline mode: the controller class that runs it and what it fixes.
+
+    ``max_lag`` is the staleness bound a mode fixes; None where the spec sets it
+    (``pipeline.max_lag`` for a ``continuous`` mode, ``steps_per_generation − 1`` for a
+    ``conventional`` one)."""
+
+    name: str
+    controller: type[Controller]
+    colocated: bool = False  # generation and training time-share every GPU
+    streaming: bool = False  # the trainer consumes samples as they finish
+    max_lag: int | None = None
+    continuous: bool = False  # PipelineRL-style: weights load in flight (pipeline.inflight)
+    conventional: bool = False  # G optimizer steps per generated batch of G·B samples
+
+    def fixed_lag(self, steps_per_generation: int) -> int | None:
+        """The bound this mode fixes; None when ``pipeline.max_lag`` sets it."""
+        return steps_per_generation - 1 if self.conventional else self.max_lag
+
+    def staleness_bound(self, max_lag: int | None, steps_per_generation: int) -> int:
+        """The bound a run of this mode keeps, given ``pipeline.max_lag`` (None: unset)."""
+        fixed = self.fixed_lag(steps_per_generation)
+        if fixed is None:
+            return DEFAULT_MAX_LAG if max_lag is None else max_lag
+        return fixed
+
+
+MODES: Registry[ModeTraits] = Registry("mode")
+
+
+def register_mode(name: str, **traits: bool | int) -> Callable[[C], C]:
+    """Class decorator: ``name`` is run by this controller class with these traits."""
+
+    def add(cls: C) -> C:
+        MODES.register(name)(ModeTraits(name, cls, **traits))  # type: ignore[arg-type]
+        return cls
+
+    return add

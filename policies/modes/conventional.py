@@ -8,11 +8,13 @@ staleness bound is ``G − 1``; with ``G = 1`` this is ``disagg-sync``.
 
 from __future__ import annotations
 
+from policies.modes.base import register_mode
 from policies.modes.events import Command, Finish, InflightHandling, PushWeights, TrainStepDone
 from policies.modes.wave import WaveController
 from policies.records import Completion
 
 
+@register_mode("conventional", conventional=True)
 class ConventionalController(WaveController):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from policies.modes.base import Controller
+from policies.modes.base import Controller, register_mode
 from policies.modes.events import (
     Command,
     Finish,
@@ -31,6 +31,7 @@ from policies.modes.lag import LagBudget
 from policies.records import Completion, Request
 
 
+@register_mode("pipeline", streaming=True, continuous=True)
 class PipelineController(Controller):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

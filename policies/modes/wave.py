@@ -17,7 +17,7 @@ weights ``≥ w − max_lag``; step ``w`` trains exactly batch ``w``.
 
 from __future__ import annotations
 
-from policies.modes.base import Controller
+from policies.modes.base import Controller, register_mode
 from policies.modes.events import (
     Command,
     ContextSwitched,
@@ -36,6 +36,11 @@ from policies.modes.events import (
 from policies.records import Completion, InflightHandling
 
 
+@register_mode("colocated-sync", colocated=True, max_lag=0)
+@register_mode("disagg-sync", max_lag=0)
+@register_mode("stream-sync", streaming=True, max_lag=0)
+@register_mode("one-step-async", max_lag=1)
+@register_mode("stream-async", streaming=True, max_lag=1)
 class WaveController(Controller):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
