@@ -127,14 +127,24 @@ def simulate_twin(live: RunResult, case_dir: Path, cost_model_dir: Path) -> RunR
 
 
 def case_spec(
-    base: RunSpec, mode: str, dispatch: str | None, url: str, token: str, repeat: int = 0
+    base: RunSpec,
+    mode: str,
+    dispatch: str | None,
+    url: str,
+    token: str,
+    repeat: int = 0,
+    cost_model_dir: Path | None = None,
 ) -> RunSpec:
+    """One live case; with ``cost_model_dir`` its dispatch prices with the calibrated model
+    its sim twin runs on (``live.cost_model``)."""
     data = base.model_dump(mode="json")
     data["run"]["seed"] = base.run.seed + repeat
     data["pipeline"]["mode"] = mode
     if dispatch is not None:
         data["policies"]["dispatch"] = dispatch
     data["live"] |= {"server_urls": [url], "token": token, "checkpoint_every": NO_CHECKPOINTS}
+    if cost_model_dir is not None:
+        data["live"]["cost_model"] = str(cost_model_dir)
     return RunSpec.model_validate(data)
 
 
@@ -179,7 +189,7 @@ def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> 
         for repeat in range(plan.repeats):  # outermost: drift spreads over every case
             for mode in plan.modes:
                 for dispatch in plan.dispatches:
-                    spec = case_spec(base, mode, dispatch, server.base_url, token, repeat)
+                    spec = case_spec(base, mode, dispatch, server.base_url, token, repeat, cost_dir)
                     name = f"{mode}-{spec.policies.dispatch}"
                     case_dir = out / "cases" / name / f"repeat-{repeat}"
                     live_result = run_live(spec, case_dir / "live")

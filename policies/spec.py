@@ -201,6 +201,12 @@ class LiveSection(_Section):
         "and the actor, which run on any core, go first on the trainer's core",
     )  # fmt: skip
     startup_timeout_s: float = Field(300.0, gt=0, description="wait for a server's /health")
+    cost_model: str | None = Field(
+        None,
+        description="calibrated cost model (cost_model.json, or the `tandem calibrate` directory "
+        "holding it) that skewness-aware dispatch prices with; None: the tiny model's constants "
+        "(runtime/cost.py)",
+    )
 
 
 class RunSpec(_Section):

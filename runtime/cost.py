@@ -1,13 +1,25 @@
-"""A tiny analytic cost model of the embedded model on one CPU core.
+"""The cost model live dispatch prices with: the run's calibrated model, else tiny constants.
 
-Only skewness-aware dispatch uses it live, to compare instance splits; the constants
-are rough measurements of the tiny model (about 2,100 tokens/s at 64 sequences).
-Replace with a profiled model for anything quantitative.
+Only skewness-aware dispatch uses a cost model live, to compare instance splits. With
+``live.cost_model`` set (a ``tandem calibrate`` output, the model the simulator uses as
+``sim.cost_model: profiled:PATH``) it prices with that calibrated model
+(:class:`policies.calibrated.CalibratedCosts`). Without one it falls back to
+:class:`TinyCostModel`: rough constants of the embedded tiny model on one CPU core
+(about 2,100 tokens/s at 64 sequences), good enough to rank splits, not for numbers.
 """
 
 from __future__ import annotations
 
-from policies.protocols import Device
+from policies.calibrated import CalibratedCosts, cost_model_path
+from policies.protocols import CostModel, Device
+from policies.spec import RunSpec
+
+
+def live_cost_model(spec: RunSpec) -> CostModel:
+    """``live.cost_model``'s calibrated model, or the documented fallback (tiny constants)."""
+    if spec.live.cost_model is None:
+        return TinyCostModel()
+    return CalibratedCosts.load(cost_model_path(spec.live.cost_model, "live.cost_model"))
 
 
 class TinyCostModel:

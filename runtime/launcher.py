@@ -28,7 +28,7 @@ from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec, load_spec
 from runtime.actor import Actor, ActorConfig
-from runtime.cost import TinyCostModel
+from runtime.cost import live_cost_model
 from runtime.gen_client import GenerationClient
 from runtime.procs import (
     ServerProcess,
@@ -231,7 +231,7 @@ def live_policies(
     """The policies of a live run on ``num_instances`` servers (through the one builder):
     the truth is each task's reference answer length; no instance is ever added live."""
     inputs = ExecutorInputs(
-        cost_model=TinyCostModel(),
+        cost_model=live_cost_model(spec),
         prompts=prompts,
         rngs=RngStreams(spec.run.seed),
         micro_batch_samples=spec.live.micro_batch_samples,

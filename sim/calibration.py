@@ -15,9 +15,15 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from policies.calibrated import (
+    BASES,
+    COST_MODEL_FORMAT,
+    COST_MODEL_VERSION,
+    OPTIONAL_OPERATORS,
+    OperatorFit,
+)
 from policies.protocols import Device
 from policies.spec import EfficiencySection
-from sim.calibrated import OperatorFit
 from sim.costs import RooflineCostModel
 from sim.tables import data_path, model
 
@@ -141,8 +147,6 @@ class OperatorCalibration:
 
 
 def _design(frame: pd.DataFrame, inputs: dict[str, str], bases: tuple[str, ...]) -> np.ndarray:
-    from sim.calibrated import BASES
-
     rows = [{k: r[c] for k, c in inputs.items()} for _, r in frame.iterrows()]
     return np.array([[BASES[b](x) for b in bases] for x in rows], dtype=float)
 
@@ -216,8 +220,6 @@ def _candidate_name(bases: tuple[str, ...], estimator: str) -> str:
 
 def calibrate_profile(profile_dir: Path) -> dict[str, OperatorCalibration]:
     """Fit every operator of a ``tandem profile`` directory (optional ones if profiled)."""
-    from sim.calibrated import OPTIONAL_OPERATORS
-
     out = {}
     for name, (filename, *_rest) in OPERATOR_TABLES.items():
         path = profile_dir / filename
@@ -230,8 +232,6 @@ def calibrate_profile(profile_dir: Path) -> dict[str, OperatorCalibration]:
 
 
 def cost_model_document(fits: dict[str, OperatorCalibration], profile: dict) -> dict:
-    from sim.calibrated import COST_MODEL_FORMAT, COST_MODEL_VERSION
-
     return {
         "format": COST_MODEL_FORMAT,
         "version": COST_MODEL_VERSION,

@@ -58,9 +58,10 @@ from policies.records import (
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
-from sim.costs import DecodeLaw, SimCostModel, build_cost_model, to_seconds, to_ticks
+from sim.costs import SimCostModel, build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine
 from sim.tables import hardware_table
+from sim.ticks import DecodeLaw, to_seconds, to_ticks
 from sim.trainer import SimTrainer
 from sim.workload import Workload
 

@@ -15,7 +15,7 @@ import simpy
 
 from policies.modes.events import OptimizerStep, TrainSamples
 from policies.records import Span, SpanKind, StepStats
-from sim.costs import to_seconds
+from sim.ticks import to_seconds
 
 Proc = Generator[simpy.Event, object, None]
 

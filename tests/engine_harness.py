@@ -9,8 +9,8 @@ import simpy
 
 from policies.records import Completion, InflightHandling, Request, Span
 from policies.scheduling import FcfsScheduling, SchedulingPolicy
-from sim.costs import DecodeLaw
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine
+from sim.ticks import DecodeLaw
 
 
 @dataclass

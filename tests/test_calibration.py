@@ -138,3 +138,48 @@ def test_training_under_generation_is_fitted_when_profiled(tmp_path):
     (tmp_path / "cost_model.json").write_text(json.dumps(cost_model_document(fits, profile)))
     cost = CalibratedCostModel.load(tmp_path / "cost_model.json")
     assert cost.contended_train_s(device, 400) == pytest.approx(1.4 * cost.train_s(device, 400))
+
+
+# -- one calibrated model for sim and live ---------------------------------------------------
+
+
+def test_the_shared_calibrated_model_prices_decode_as_the_sim_adapter_does(tmp_path):
+    from helpers import write_cost_model
+
+    from policies.calibrated import CalibratedCosts
+
+    path = write_cost_model(tmp_path) / "cost_model.json"
+    pure, sim = CalibratedCosts.load(path), CalibratedCostModel.load(path)
+    device = Device("cpu", 1)
+    for n, ctx in [(1, 0), (8, 500), (64, 9000)]:
+        expected = 0.008 + 2e-4 * n + 1e-7 * ctx  # helpers.TINY_OPERATORS' decode
+        assert pure.decode_step_s(device, n, ctx) == pytest.approx(expected, rel=1e-12)
+        assert sim.decode_step_s(device, n, ctx) == pytest.approx(expected, abs=1e-11)  # ticks
+    assert pure.train_s(device, 100) == sim.train_s(device, 100)
+    assert pure.weight_load_s(device) == sim.weight_load_s(device)
+
+
+def test_live_dispatch_prices_with_the_calibrated_model_when_one_is_configured(tmp_path):
+    from helpers import small_spec, write_cost_model
+
+    from policies.calibrated import CalibratedCosts
+    from policies.dispatch import SkewnessAwareDispatch
+    from runtime.cost import TinyCostModel
+    from runtime.launcher import live_policies
+    from runtime.tasks import TaskPromptSource, TaskSet
+
+    tasks = TaskSet(0, 64, 64)
+    prompts = TaskPromptSource(tasks, 8, 2)
+    cost_dir = write_cost_model(tmp_path / "cm")
+    calibrated = small_spec(policies__dispatch="skewness-aware", live__cost_model=str(cost_dir))
+    dispatch = live_policies(calibrated, tasks, prompts, 2).dispatch
+    assert isinstance(dispatch, SkewnessAwareDispatch)
+    assert isinstance(dispatch._cost, CalibratedCosts)
+    assert dispatch._cost.decode_step_s(Device("cpu", 1), 8, 500) == pytest.approx(
+        0.008 + 2e-4 * 8 + 1e-7 * 500
+    )
+    plain = small_spec(policies__dispatch="skewness-aware")  # the documented fallback
+    assert isinstance(live_policies(plain, tasks, prompts, 2).dispatch._cost, TinyCostModel)
+    missing = small_spec(live__cost_model=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="live.cost_model"):
+        live_policies(missing, tasks, prompts, 2)

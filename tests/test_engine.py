@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from policies.records import FinishReason, InflightHandling, SpanKind
 from policies.scheduling import LptScheduling
-from sim.costs import DecodeLaw
+from sim.ticks import DecodeLaw
 
 KEEP = InflightHandling.KEEP
 ABORT = InflightHandling.ABORT_RESUBMIT

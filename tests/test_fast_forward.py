@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from policies.records import InflightHandling
 from policies.scheduling import FcfsScheduling, LptScheduling
-from sim.costs import DecodeLaw
 from sim.simulator import Simulation
+from sim.ticks import DecodeLaw
 
 # -- one engine, random arrivals and weight updates --------------------------------------------
 

@@ -187,6 +187,13 @@ def test_each_repeat_of_a_case_gets_its_own_seed():
     assert seeds == [7, 8, 9]
 
 
+def test_a_live_case_prices_dispatch_with_its_twins_calibrated_model(tmp_path):
+    base = load_spec(CONFIG)
+    spec = case_spec(base, "pipeline", "skewness-aware", "http://x", "t", 0, tmp_path)
+    assert spec.live.cost_model == str(tmp_path)
+    assert case_spec(base, "pipeline", None, "http://x", "t").live.cost_model is None
+
+
 @pytest.mark.parametrize("mode", ["disagg-sync", "stream-async", "pipeline"])
 def test_sim_twin_of_a_sim_run_reproduces_it_exactly(tmp_path, mode):
     from experiments.fidelity import simulate_twin

@@ -1,0 +1,174 @@
+"""The cost model calibrated on profiles of the live runtime (``tandem calibrate``), in seconds.
+
+Pure math over the saved ``cost_model.json``, so that both halves price work with it: the
+simulator (through its tick adapter ``sim.calibrated``) and live skewness-aware dispatch
+(``live.cost_model``). Every operator is a non-negative linear combination of a few basis
+functions of its inputs (chosen per operator by held-out error, see ``sim.calibration``);
+decode time is affine in context tokens, which keeps the simulator's fast-forward exact.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from policies.protocols import Device
+
+COST_MODEL_FORMAT = "tandem-cost-model"
+COST_MODEL_VERSION = 1
+COST_MODEL_FILE = "cost_model.json"  # inside a ``tandem calibrate --out`` directory
+
+BASES: dict[str, Callable[[dict[str, float]], float]] = {
+    "1": lambda x: 1.0,
+    "n": lambda x: float(x["n"]),
+    "n^2": lambda x: float(x["n"]) ** 2,
+    "ctx": lambda x: float(x["ctx"]),
+    "tokens": lambda x: float(x["tokens"]),
+    "tokens^2": lambda x: float(x["tokens"]) ** 2,
+    "bytes": lambda x: float(x["bytes"]),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class OperatorFit:
+    """``time_s = Σ coef[b] · basis_b(inputs)``."""
+
+    bases: tuple[str, ...]
+    coefs: tuple[float, ...]
+    heldout_mape: float
+
+    def __call__(self, **inputs: float) -> float:
+        return sum(c * BASES[b](inputs) for b, c in zip(self.bases, self.coefs))
+
+    def coef(self, basis: str) -> float:
+        return dict(zip(self.bases, self.coefs)).get(basis, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bases": list(self.bases),
+            "coefs": list(self.coefs),
+            "heldout_mape": self.heldout_mape,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OperatorFit:
+        unknown = set(d["bases"]) - set(BASES)
+        if unknown:
+            raise ValueError(f"cost model: unknown basis {sorted(unknown)}")
+        return cls(tuple(d["bases"]), tuple(float(c) for c in d["coefs"]), float(d["heldout_mape"]))
+
+
+OPERATORS = (
+    "decode",
+    "prefill",
+    "forward",
+    "backward",
+    "optimizer",
+    "weight_transfer",
+    "weight_pause",
+)
+# measured by newer profiles only: how much slower decode runs while the trainer
+# computes on the same host, and training while generation decodes
+OPTIONAL_OPERATORS = ("decode_slowdown", "train_slowdown")
+
+
+def cost_model_path(path: str | Path, key: str) -> Path:
+    """The ``cost_model.json`` at ``path`` (the file, or a calibration directory holding
+    it); ``key`` names the spec key that gave the path in the error if there is none."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / COST_MODEL_FILE
+    if not path.exists():
+        raise ValueError(f"{key}: cost model {path} does not exist")
+    return path
+
+
+@dataclass(slots=True)
+class CalibratedCosts:
+    """The calibrated operators as a ``policies.protocols.CostModel`` (and more), in seconds.
+
+    The device is ignored: a profile measures one machine."""
+
+    fits: dict[str, OperatorFit]
+    weight_bytes: float
+    kv_capacity: int
+    source: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path) -> CalibratedCosts:
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != COST_MODEL_FORMAT:
+            raise ValueError(f"{path}: not a tandem cost model (format {data.get('format')!r})")
+        missing = [op for op in OPERATORS if op not in data["operators"]]
+        if missing:
+            raise ValueError(f"{path}: missing operator(s) {', '.join(missing)}")
+        present = OPERATORS + tuple(op for op in OPTIONAL_OPERATORS if op in data["operators"])
+        fits = {op: OperatorFit.from_dict(data["operators"][op]) for op in present}
+        return cls(
+            fits,
+            float(data["weight_bytes"]),
+            int(data["kv_capacity_tokens"]),
+            data.get("source", {}),
+        )
+
+    # -- decode ---------------------------------------------------------------------------
+
+    def decode_fixed_s(self, n: int) -> float:
+        """The part of a decode step of ``n`` sequences that does not grow with context."""
+        fit = self.fits["decode"]
+        return fit.coef("1") + fit.coef("n") * n + fit.coef("n^2") * n * n
+
+    def decode_per_context_token_s(self) -> float:
+        return self.fits["decode"].coef("ctx")
+
+    def decode_slowdown(self, n: int) -> float | None:
+        """How much slower decode of ``n`` sequences runs while the trainer computes on the
+        same host (never faster); None if the profile did not measure it."""
+        fit = self.fits.get("decode_slowdown")
+        return None if fit is None else max(1.0, fit(n=n))
+
+    def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
+        n = max(1, batch_size)
+        return self.decode_fixed_s(n) + self.decode_per_context_token_s() * context_tokens
+
+    # -- prefill and training -------------------------------------------------------------
+
+    def prefill_s(self, device: Device, num_tokens: int) -> float:
+        return self.fits["prefill"](tokens=num_tokens)
+
+    def train_s(self, device: Device, num_tokens: int) -> float:
+        return self.fits["forward"](tokens=num_tokens) + self.fits["backward"](tokens=num_tokens)
+
+    def contended_train_s(self, device: Device, num_tokens: int) -> float | None:
+        """Forward and backward while generation decodes on the same host: ``train_s``
+        times the profiled ``train_slowdown`` (never faster). None if not profiled."""
+        fit = self.fits.get("train_slowdown")
+        if fit is None:
+            return None
+        return self.train_s(device, num_tokens) * max(1.0, fit(tokens=num_tokens))
+
+    def optimizer_s(self, device: Device) -> float:
+        return self.fits["optimizer"]()
+
+    # -- weights ----------------------------------------------------------------------------
+    # The profile times a whole push from the trainer's side (``weight_transfer``: pack,
+    # request, the server's pause, reply) and the server's pause inside it
+    # (``weight_pause``: pause, receive, load, resume). The transfer is the part outside
+    # the pause — it can run in the background ahead of a barrier — and the load is the
+    # pause; in flight a server pauses for both, as the live push does.
+
+    def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
+        push = self.fits["weight_transfer"](bytes=num_bytes)
+        return max(0.0, push - self.fits["weight_pause"](bytes=num_bytes))
+
+    def weight_load_s(self, device: Device) -> float:
+        return self.fits["weight_pause"](bytes=self.weight_bytes)
+
+    def kv_capacity_tokens(self, device: Device) -> int:
+        return self.kv_capacity
+
+    def context_switch_s(self, num_gpus: int, tp: int, pcie_gb_per_s: float) -> float:
+        return 0.0  # the profiled runtime does not offload: colocated switches are free
