@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from experiments.predictors import ranker_for
 from policies.modes import MODES
 from policies.spec import RunSpec
 from sim.simulator import Simulation
@@ -16,7 +17,7 @@ def bench_sim(spec: RunSpec, iterations: int = 10, ratio_iterations: int = 1) ->
     for mode in MODES.names():
         s = _with(spec, mode, iterations)
         t0 = time.perf_counter()
-        result = Simulation(s).run()
+        result = Simulation(s, ranker=ranker_for(s)).run()
         wall = time.perf_counter() - t0
         out["modes"][mode] = {
             "wall_s": round(wall, 3),
@@ -27,7 +28,7 @@ def bench_sim(spec: RunSpec, iterations: int = 10, ratio_iterations: int = 1) ->
     walls = {}
     for ff in (True, False):
         t0 = time.perf_counter()
-        Simulation(ratio_spec, fast_forward=ff).run()
+        Simulation(ratio_spec, fast_forward=ff, ranker=ranker_for(ratio_spec)).run()
         walls[ff] = time.perf_counter() - t0
     out["fast_forward_speedup"] = round(walls[False] / walls[True], 1)
     out["fast_forward_scenario"] = f"{spec.run.name}, stream-sync, {ratio_iterations} iteration(s)"

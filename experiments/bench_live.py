@@ -39,6 +39,7 @@ from pathlib import Path
 
 import httpx
 
+from experiments.predictors import ranker_for
 from experiments.specs import config_path
 from policies.records import Request
 from policies.results import RunResult
@@ -182,7 +183,7 @@ def bench_modes(base: RunSpec, url: str, token: str, out: Path, rounds: int = RO
             spec = base.model_copy(deep=True)
             spec.live.server_urls, spec.live.token, spec.pipeline.mode = [url], token, mode
             spec.run.seed = base.run.seed + r
-            runs[-1][mode] = run_live(spec, out / f"round-{r}" / mode)
+            runs[-1][mode] = run_live(spec, out / f"round-{r}" / mode, ranker_for(spec, live=True))
     return {**mode_figures(runs), "steps": base.run.iterations}
 
 

@@ -58,22 +58,17 @@ def print_summary(result: RunResult, out: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from experiments.plots import timeline
+    from experiments.predictors import ranker_for
 
     spec = _load(args)
     out = _out_dir(args, spec)
     if args.live:
         from runtime.launcher import run_live
 
-        ranker = None
-        if spec.policies.length_predictor == "ranker":
-            from ranker.online import RankerPredictor
-
-            ranker = RankerPredictor()  # learns from this run's completions as they finish
-        result = run_live(spec, out, ranker)
+        result = run_live(spec, out, ranker_for(spec, live=True))
     else:
         from rich.progress import Progress
 
-        from experiments.predictors import ranker_for
         from sim.simulator import Simulation
 
         with Progress(console=console, transient=True) as bar:

@@ -114,11 +114,13 @@ def sim_spec_for(live_spec: RunSpec, trace_path: Path, cost_model_dir: Path) -> 
 
 
 def simulate_twin(live: RunResult, case_dir: Path, cost_model_dir: Path) -> RunResult:
+    from experiments.predictors import ranker_for
     from sim.simulator import Simulation
 
     trace_path = case_dir / "trace.parquet"
     trace_of(live.samples_frame()).to_parquet(trace_path, index=False)
-    result = Simulation(sim_spec_for(live.spec, trace_path, cost_model_dir)).run()
+    spec = sim_spec_for(live.spec, trace_path, cost_model_dir)
+    result = Simulation(spec, ranker=ranker_for(spec)).run()
     result.save(case_dir / "sim")
     return result
 
@@ -168,7 +170,7 @@ def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> 
     """Every (mode, dispatch) live on one shared server, then its sim twin; write the report."""
     import secrets
 
-    from runtime.launcher import model_dir_for, run_live
+    from runtime.launcher import model_dir_for
     from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
     from runtime.profile_bursts import warm_up_server
 
@@ -192,8 +194,7 @@ def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> 
                     spec = case_spec(base, mode, dispatch, server.base_url, token, repeat, cost_dir)
                     name = f"{mode}-{spec.policies.dispatch}"
                     case_dir = out / "cases" / name / f"repeat-{repeat}"
-                    live_result = run_live(spec, case_dir / "live")
-                    sim_result = simulate_twin(live_result, case_dir, cost_dir)
+                    live_result, sim_result = run_case(spec, case_dir, cost_dir)
                     key = (mode, spec.policies.dispatch)
                     if key in cases:
                         cases[key].lives.append(live_result)
@@ -205,6 +206,15 @@ def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> 
     finally:
         stop_server(server)
     return write_report(list(cases.values()), out, plan.overlay_iteration)
+
+
+def run_case(spec: RunSpec, case_dir: Path, cost_model_dir: Path) -> tuple[RunResult, RunResult]:
+    """One live run of a case (under ``case_dir/live``), then its sim twin."""
+    from experiments.predictors import ranker_for
+    from runtime.launcher import run_live
+
+    live = run_live(spec, case_dir / "live", ranker_for(spec, live=True))
+    return live, simulate_twin(live, case_dir, cost_model_dir)
 
 
 def load_cases(out: Path) -> list[Case]:

@@ -1,6 +1,8 @@
 """The learned ranker in runs: traces of the sim workload and of the live tasks, and the
 simulated end effect of ranker-driven dispatch.
 
+* ``ranker_for(spec, live)`` — the one place every entry point gets the ranker behind
+  ``policies.length_predictor: ranker`` (live: empty, learning online; sim: below).
 * ``sim_ranker(spec)`` — for ``policies.length_predictor: ranker`` in the sim: a
   :class:`RankerPredictor` fitted on the workload's trace of its first two epochs (the
   sim's lengths do not depend on the policies, so this is the trace a ``none`` run
@@ -74,11 +76,15 @@ def sim_ranker(
     return ranker
 
 
-def ranker_for(spec: RunSpec) -> RankerPredictor | None:
-    """The fitted ranker ``Simulation(spec, ranker=...)`` needs, or None if spec uses none."""
+def ranker_for(spec: RunSpec, live: bool = False) -> RankerPredictor | None:
+    """The learned ranker behind ``policies.length_predictor: ranker``, or None when the
+    spec uses another predictor. Every entry point builds it here (``tandem run``,
+    ``sweep``, ``fidelity``, ``bench``, the reproductions): ``live``, an empty ranker that
+    learns from the run's own completions as they finish (``run_live(..., ranker)``);
+    otherwise one fitted on the sim workload's first epochs (``Simulation(spec, ranker=)``)."""
     if spec.policies.length_predictor != "ranker":
         return None
-    return sim_ranker(spec)
+    return RankerPredictor() if live else sim_ranker(spec)
 
 
 def task_trace(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
-import sys
 from collections import deque
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from policies.protocols import LengthPredictor, OnlineLengthPredictor
 from policies.records import InflightHandling, Request, SampleRecord, Span, SpanKind
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
-from policies.spec import RunSpec, load_spec
+from policies.spec import RunSpec
 from runtime.actor import Actor, ActorConfig
 from runtime.cost import live_cost_model
 from runtime.gen_client import GenerationClient
@@ -269,11 +268,12 @@ def _fifths(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
-        raise SystemExit("usage: python -m runtime.launcher SPEC.yaml OUT_DIR [key=value ...]")
-    spec = load_spec(sys.argv[1], sys.argv[3:])
-    result = run_live(spec, Path(sys.argv[2]))
-    print(result.metrics)
+    """The entry point moved to the CLI, which builds every policy input the launcher
+    cannot (the ranker of ``length_predictor: ranker`` lives in ``experiments``)."""
+    raise SystemExit(
+        "python -m runtime.launcher is gone: run `tandem run SPEC --live --out OUT_DIR "
+        "[--set KEY=VALUE ...]` (or python -m experiments.cli run ...)"
+    )
 
 
 if __name__ == "__main__":

@@ -72,7 +72,9 @@ def test_run_live_writes_results_with_versions(server, token, tmp_path, mode):
 def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tmp_path, mode):
     steps = 10  # long enough that the kill lands mid-run (a step takes ~0.3 s here)
     args = _overrides(server, token, mode, steps)
-    cmd = [sys.executable, "-m", "runtime.launcher", str(CONFIG), str(tmp_path), *args]
+    sets = [f"--set={a}" for a in args]
+    cmd = [sys.executable, "-m", "experiments.cli", "run", str(CONFIG), "--live",
+           "--out", str(tmp_path), *sets]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
