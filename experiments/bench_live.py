@@ -42,6 +42,7 @@ import httpx
 from experiments.predictors import ranker_for
 from experiments.specs import config_path
 from policies.records import Request
+from policies.resources import generation_resource
 from policies.results import RunResult
 from policies.spec import RunSpec, load_spec
 from runtime.gen_client import GenerationClient
@@ -216,7 +217,9 @@ def _update_pauses_s(result: RunResult) -> list[float]:
     """Pauses of the weight updates after the first (the run's initial load, before any
     generation); in ``pipeline`` mode every one of them lands during generation."""
     events = result.spans_frame()
-    syncs = events[(events["resource"] == "gen-0") & (events["kind"] == "weight_sync")]
+    syncs = events[
+        (events["resource"] == generation_resource(0)) & (events["kind"] == "weight_sync")
+    ]
     syncs = syncs.sort_values("start_s")
     return (syncs["end_s"] - syncs["start_s"]).tolist()[1:]
 

@@ -13,24 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.specs import config_path
-from policies.results import RunResult
+from policies.results import SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec, SpecError, load_spec
 
 DEFAULT_SPEC = "streamrl-7b"
-SUMMARY_KEYS = [
-    "throughput_samples_per_s",
-    "throughput_tokens_per_s",
-    "generation_utilization",
-    "trainer_utilization",
-    "pipeline_bubble_s",
-    "skewness_bubble_s",
-    "mean_staleness",
-    "max_staleness",
-    "num_samples_trained",
-    "generation_time_s",
-    "iteration_time_s",
-    "cost_normalized_throughput",
-]
 
 console = Console()
 
@@ -49,7 +35,7 @@ def print_summary(result: RunResult, out: Path) -> None:
     table = Table(title=f"{result.spec.run.name} · {result.spec.pipeline.mode}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in SUMMARY_KEYS:
+    for key in SUMMARY_METRICS:
         value = result.metrics.get(key)
         table.add_row(key, "—" if value is None else f"{value:.4g}")
     console.print(table)

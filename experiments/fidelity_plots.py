@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.fidelity_compare import METRICS, Case, pooled_lag_counts
+from policies.resources import TRAINER, generation_resource
 from policies.results import RunResult
 
 
@@ -72,7 +73,7 @@ def timeline_overlay(case: Case, iteration: int, path: Path) -> None:
         start, end = iteration_window(result, iteration)
         spans = result.spans_frame()
         spans = spans[(spans["end_s"] > start) & (spans["start_s"] < end)]
-        for r, resource in enumerate(["trainer", "gen-0"]):
+        for r, resource in enumerate([TRAINER, generation_resource(0)]):
             y = 2 * offset + r
             labels.append(f"{who} {resource}")
             for _, s in spans[spans["resource"] == resource].iterrows():

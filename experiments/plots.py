@@ -7,6 +7,8 @@ from pathlib import Path
 
 import matplotlib
 
+from policies.resources import TRAINER, instance_of, is_generation
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -25,10 +27,10 @@ KIND_COLORS = {
 
 def _resource_order(names: list[str]) -> list[str]:
     def key(name: str) -> tuple[int, int, str]:
-        if name == "trainer":
+        if name == TRAINER:
             return (0, 0, name)
-        if name.startswith("gen-"):
-            return (1, int(name.split("-")[1]), name)
+        if is_generation(name):
+            return (1, instance_of(name), name)
         return (2, 0, name)
 
     return sorted(set(names), key=key)
@@ -46,7 +48,7 @@ def timeline(result: RunResult, path: Path, max_resources: int = 48) -> Path:
     spans = result.spans_frame()
     names = _resource_order(list(spans["resource"]))
     if len(names) > max_resources:  # keep the trainer, links and the first instances
-        gens = [n for n in names if n.startswith("gen-")]
+        gens = [n for n in names if is_generation(n)]
         keep = set(names) - set(gens[max_resources:])
         names = [n for n in names if n in keep]
     fig, ax = plt.subplots(figsize=(12, 1.5 + 0.28 * len(names)))

@@ -6,7 +6,7 @@ Weight versions count optimizer steps: version ``v`` is the policy after ``v`` s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -117,7 +117,7 @@ class StepStats:
     mean_reward: float | None = None
     mean_lag: float | None = None
     ess: float | None = None  # effective sample size of the importance weights
-    extra: dict[str, float] = field(default_factory=dict)
+    busy_s: float | None = None  # trainer compute time of the step (no waits); None: unknown
 
 
 @dataclass(slots=True)

@@ -30,9 +30,45 @@ from pathlib import Path
 from typing import Any
 
 from policies.records import SampleRecord, Span, SpanKind
+from policies.resources import TRAINER
 from policies.spec import RunSpec
 
 Interval = tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One key of ``metrics.json``."""
+
+    name: str
+    meaning: str
+    in_summary: bool = True  # a row of the CLI's summary table
+
+
+# Every metric :func:`compute_metrics` reports, for sim and live alike, in this order: the
+# one list the CLI's summary, the tests and the docs take their names from.
+METRICS: tuple[Metric, ...] = (
+    Metric("throughput_samples_per_s", "trained samples per second of the run"),
+    Metric("throughput_tokens_per_s", "trained output tokens per second of the run"),
+    Metric("generation_utilization", "busy share of the generation instances' lifetimes"),
+    Metric("trainer_utilization", "busy share of the trainer over the run"),
+    Metric("pipeline_bubble_s", "resource-seconds a stage waits for the other (above)"),
+    Metric("skewness_bubble_s", "instance-seconds idle while an iteration is generated"),
+    Metric("mean_staleness", "mean version_trained − version_start of trained samples"),
+    Metric("max_staleness", "largest version_trained − version_start"),
+    Metric("num_samples_generated", "samples whose generation finished", in_summary=False),
+    Metric("num_samples_trained", "samples an optimizer step trained"),
+    Metric("cost_normalized_throughput", "samples/s per H20-GPU unit of cost (sim only)"),
+    Metric("generation_time_s", "mean per-iteration first dispatch to last completion"),
+    Metric("iteration_time_s", "run time per optimizer step"),
+    Metric("makespan_s", "the run's end time", in_summary=False),
+    Metric("num_generation_instances", "instances that ever existed", in_summary=False),
+)
+METRIC_NAMES = tuple(m.name for m in METRICS)
+SUMMARY_METRICS = tuple(m.name for m in METRICS if m.in_summary)
+SIM_METRICS = ("sim_wall_s",)  # added by the simulator: wall-clock seconds it took
+LIVE_METRICS = ("live_wall_s", "mean_reward_first_fifth", "mean_reward_last_fifth")
+WALL_METRICS = ("sim_wall_s", "live_wall_s")  # the host's time, not the run's
 
 GEN_BUSY = {SpanKind.PREFILL, SpanKind.DECODE}
 
@@ -102,7 +138,7 @@ def compute_metrics(
     for sp in spans:
         if sp.kind in GEN_BUSY or sp.kind == SpanKind.TRAIN:
             busy[sp.resource].append((sp.start_s, sp.end_s))
-        if sp.kind == SpanKind.CONTEXT_SWITCH and sp.resource == "trainer":
+        if sp.kind == SpanKind.CONTEXT_SWITCH and sp.resource == TRAINER:
             switch_s += sp.end_s - sp.start_s
     windows = _merge(iteration_windows(samples).values())
     gen_busy_s = gen_life_s = skew_s = gen_wait_s = 0.0
@@ -114,14 +150,14 @@ def compute_metrics(
         in_window = _intersect(idle, windows)
         skew_s += in_window
         gen_wait_s += _length(idle) - in_window
-    train_busy_s = _length(_merge(busy["trainer"]))
+    train_busy_s = _length(_merge(busy[TRAINER]))
     pipeline_s = switch_s if colocated else gen_wait_s + max(0.0, end_s - train_busy_s)
     trained = [s for s in samples if s.train_step is not None]
     generated = [s for s in samples if s.gen_end_s is not None]
     stale = [s.staleness for s in trained if s.staleness is not None]
     per_iter = [hi - lo for lo, hi in iteration_windows(samples).values()]
     throughput = len(trained) / end_s if end_s > 0 else 0.0
-    return {
+    values = {
         "throughput_samples_per_s": throughput,
         "throughput_tokens_per_s": sum(s.output_tokens for s in trained) / end_s if end_s else 0.0,
         "generation_utilization": gen_busy_s / gen_life_s if gen_life_s else 0.0,
@@ -138,6 +174,7 @@ def compute_metrics(
         "makespan_s": end_s,
         "num_generation_instances": len(gen_resources),
     }
+    return {name: values[name] for name in METRIC_NAMES}
 
 
 def write_atomic(path: Path, data: bytes) -> None:

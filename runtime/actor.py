@@ -45,6 +45,7 @@ from policies.modes.events import (
     WeightsLoaded,
 )
 from policies.records import InflightHandling, Request, SpanKind
+from policies.resources import TRAINER, generation_resource
 from runtime.gen_client import Generated, GenerationClient
 from runtime.groups import GroupBook
 from runtime.recorder import Recorder
@@ -229,23 +230,23 @@ class Actor:
         if not items:
             return
         start = self.now()
-        await self.trainer.call("train", items, start)
+        await self.trainer.train(items, start)
         self.recorder.trained([it.sample_id for it in items], step)
         self.recorder.span(
-            "trainer", SpanKind.TRAIN, start, self.now(), iteration=step, batch_size=len(items)
+            TRAINER, SpanKind.TRAIN, start, self.now(), iteration=step, batch_size=len(items)
         )
 
     async def _step(self, cmd: OptimizerStep) -> None:
         step = self._global(cmd.step)
         await self._run_train(step, self.groups.close(step))
         start = self.now()
-        stats = await self.trainer.call("step", step, start)
+        stats = await self.trainer.step(step, start)
         self.recorder.steps.append(dataclasses.asdict(stats))
         path = self._checkpoint_for(step)
         if path:
-            await self.trainer.call("checkpoint", path, self._data_position(step))
+            await self.trainer.checkpoint(path, self.recorder.position(step, self.now()))
         end = self.now()
-        self.recorder.span("trainer", SpanKind.TRAIN, start, end, iteration=step)
+        self.recorder.span(TRAINER, SpanKind.TRAIN, start, end, iteration=step)
         local = dataclasses.replace(stats, step=cmd.step, version=cmd.step + 1, end_s=end)
         self._events.put_nowait(TrainStepDone(end, local))
 
@@ -253,18 +254,6 @@ class Actor:
         if self.config.checkpoint_path and (step + 1) % self.config.checkpoint_every == 0:
             return self.config.checkpoint_path
         return None
-
-    def _data_position(self, step: int) -> dict:
-        rec = self.recorder
-        return {
-            "next_step": step + 1,
-            "time_s": self.now(),
-            "samples": [
-                dataclasses.asdict(s) for s in rec.trained_samples() if s.train_step <= step
-            ],
-            "spans": [dataclasses.asdict(s) for s in rec.spans],
-            "steps": list(rec.steps),
-        }
 
     async def _push(self, local_version: int, inflight: InflightHandling) -> None:
         """Push the weights of ``local_version`` as soon as the servers may take them.
@@ -290,19 +279,19 @@ class Actor:
 
     async def push_now(self, version: int) -> PushResult:
         start = self.now()
-        result: PushResult = await self.trainer.call("push_weights", version)
+        result = await self.trainer.push_weights(version)
         end = self.now()
         self.pauses_s += result.pause_s
-        self.recorder.span("trainer", SpanKind.WEIGHT_SYNC, start, end)
+        self.recorder.span(TRAINER, SpanKind.WEIGHT_SYNC, start, end)
         for i, pause_s in zip(sorted(self.clients), result.pause_s):
-            self.recorder.span(f"gen-{i}", SpanKind.WEIGHT_SYNC, end - pause_s, end)
+            self.recorder.span(generation_resource(i), SpanKind.WEIGHT_SYNC, end - pause_s, end)
         return result
 
     async def _switch(self, cmd: SwitchContext) -> None:
         start = self.now()
         if cmd.to.value == "generate":
             await self.push_now(self._global(self.controller.latest_version))
-        self.recorder.span("trainer", SpanKind.CONTEXT_SWITCH, start, self.now())
+        self.recorder.span(TRAINER, SpanKind.CONTEXT_SWITCH, start, self.now())
         self._events.put_nowait(ContextSwitched(self.now(), cmd.to))
 
 

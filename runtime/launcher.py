@@ -22,7 +22,8 @@ from pathlib import Path
 from policies.build import ExecutorInputs, RunPolicies, build_policies, instance_views, mode_of
 from policies.modes.base import PromptSource
 from policies.protocols import LengthPredictor, OnlineLengthPredictor
-from policies.records import InflightHandling, Request, SampleRecord, Span, SpanKind
+from policies.records import InflightHandling, Request
+from policies.resources import generation_resource
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
@@ -161,16 +162,16 @@ async def _run(
     spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, token, length_predictor
 ) -> RunResult:
     ckpt = out_dir / "checkpoints" / "last.pt"
-    data = await trainer.call("initialise", str(ckpt))
+    position = await trainer.initialise(str(ckpt))
     recorder, trained_ids = Recorder(), set()
     offset, time_offset_s = 0, 0.0
-    if data is not None:
-        trained_ids = {s["sample_id"] for s in data["samples"]}
-        offset, time_offset_s = data["next_step"], data["time_s"]
-        recorder = _restored(data, offset)
+    if position is not None:
+        trained_ids = {s.sample_id for s in position.samples}
+        offset, time_offset_s = position.next_step, position.time_s
+        recorder = Recorder.resumed(position)
     addrs = [ServerAddr(u, token) for u in urls]
     backend = "nccl" if spec.live.device == "cuda" else "gloo"
-    await trainer.call("join_group", addrs, "127.0.0.1", free_port(), backend)
+    await trainer.join_group(addrs, "127.0.0.1", free_port(), backend)
     clients = {i: GenerationClient(i, u, spec.live.temperature) for i, u in enumerate(urls)}
     try:
         end_s = time_offset_s
@@ -188,14 +189,6 @@ async def _run(
     result = _result(spec, recorder, end_s, len(urls))
     result.save(out_dir)
     return result
-
-
-def _restored(data: dict, offset: int) -> Recorder:
-    recorder = Recorder(step_offset=offset)
-    samples = [SampleRecord(**s) for s in data["samples"]]
-    spans = [Span(**{**s, "kind": SpanKind(s["kind"])}) for s in data["spans"]]
-    recorder.restore(samples, spans, data["steps"])
-    return recorder
 
 
 def _make_actor(
@@ -251,7 +244,7 @@ def _result(spec: RunSpec, recorder: Recorder, end_s: float, num_instances: int)
     samples = sorted(recorder.samples.values(), key=lambda s: s.sample_id)
     spans = sorted(recorder.spans, key=lambda s: (s.start_s, s.resource))
     metrics = compute_metrics(
-        samples, spans, end_s, {f"gen-{i}": 0.0 for i in range(num_instances)},
+        samples, spans, end_s, {generation_resource(i): 0.0 for i in range(num_instances)},
         mode_of(spec).colocated, spec.run.iterations, None,
     )  # fmt: skip
     metrics["live_wall_s"] = end_s

@@ -214,10 +214,10 @@ async def _measure_contended_training(http, plan, tasks, trainer, spec, tick) ->
         items = train_items(tasks, size, offset=23 * k + 1, vocab=vocab)
         idle, busy = [], []
         for _ in range(plan.train_repeats):
-            idle.append(await _call_s(trainer, "train", items, 0.0))
+            idle.append(await _train_s(trainer, items))
             burst = asyncio.create_task(burst_s(http, prompts, 112, spec.live.temperature))
             await asyncio.sleep(0.2)  # the burst is decoding
-            busy.append(await _call_s(trainer, "train", items, 0.0))
+            busy.append(await _train_s(trainer, items))
             await burst
         idle_s, busy_s = statistics.median(idle), statistics.median(busy)
         rows.append(
@@ -228,9 +228,9 @@ async def _measure_contended_training(http, plan, tasks, trainer, spec, tick) ->
     return rows
 
 
-async def _call_s(trainer, name: str, *args) -> float:  # noqa: ANN001 - TrainerProcess
+async def _train_s(trainer: TrainerProcess, items: list[TrainItem]) -> float:
     start = time.perf_counter()
-    await trainer.call(name, *args)
+    await trainer.train(items, 0.0)
     return time.perf_counter() - start
 
 
@@ -243,7 +243,7 @@ async def _trainer_busy(trainer, items: list[TrainItem]):  # noqa: ANN202 - cont
     async def loop() -> None:
         while not stop.is_set():
             started.set()
-            await trainer.call("train", items, 0.0)
+            await trainer.train(items, 0.0)
 
     task = asyncio.create_task(loop())
     await started.wait()
@@ -264,8 +264,8 @@ def _vocab_size(spec: RunSpec) -> int:
 
 async def _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tick) -> list[dict]:
     trainer.start()
-    await trainer.call("initialise", None)
-    await trainer.call("join_group", [ServerAddr(url, token)], "127.0.0.1", free_port(), "gloo")
+    await trainer.initialise(None)
+    await trainer.join_group([ServerAddr(url, token)], "127.0.0.1", free_port(), "gloo")
     num_bytes = await asyncio.to_thread(_weight_bytes, spec)
     rows = []
     for i in range(plan.num_pushes):
@@ -277,7 +277,7 @@ async def _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tic
             )
             await asyncio.sleep(0.3)
         start = time.perf_counter()
-        result = await trainer.call("push_weights", i + 1)
+        result = await trainer.push_weights(i + 1)
         transfer_s = time.perf_counter() - start
         if load is not None:
             await load

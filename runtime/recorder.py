@@ -6,9 +6,43 @@ outstanding: the server is a continuous-batching black box, so prefill is not se
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from policies.records import Completion, Request, SampleRecord, Span, SpanKind
+from policies.resources import generation_resource
+
+
+@dataclass(slots=True)
+class DataPosition:
+    """Where a live run's data stands at a checkpoint (saved with the trainer's weights):
+    the next step, the run's clock, the samples trained so far, every span and step."""
+
+    next_step: int
+    time_s: float
+    samples: list[SampleRecord]
+    spans: list[Span]
+    steps: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for the checkpoint file (no tandem class is pickled into it)."""
+        return {
+            "next_step": self.next_step,
+            "time_s": self.time_s,
+            "samples": [asdict(s) for s in self.samples],
+            "spans": [{**asdict(s), "kind": str(s.kind)} for s in self.spans],
+            "steps": list(self.steps),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataPosition:
+        return cls(
+            next_step=data["next_step"],
+            time_s=data["time_s"],
+            samples=[SampleRecord(**s) for s in data["samples"]],
+            spans=[Span(**{**s, "kind": SpanKind(s["kind"])}) for s in data["spans"]],
+            steps=list(data["steps"]),
+        )
 
 
 class Recorder:
@@ -22,10 +56,19 @@ class Recorder:
         self._busy_since: dict[int, float] = {}
         self._max_batch: dict[int, int] = {}
 
-    def restore(self, samples: list[SampleRecord], spans: list[Span], steps: list[dict]) -> None:
-        self.samples = {s.sample_id: s for s in samples}
-        self.spans = list(spans)
-        self.steps = list(steps)
+    @classmethod
+    def resumed(cls, position: DataPosition) -> Recorder:
+        """A recorder going on from a checkpoint's position."""
+        recorder = cls(step_offset=position.next_step)
+        recorder.samples = {s.sample_id: s for s in position.samples}
+        recorder.spans = list(position.spans)
+        recorder.steps = list(position.steps)
+        return recorder
+
+    def position(self, step: int, time_s: float) -> DataPosition:
+        """The position after global ``step``: the samples trained up to it."""
+        trained = [s for s in self.trained_samples() if s.train_step <= step]  # type: ignore[operator]
+        return DataPosition(step + 1, time_s, trained, list(self.spans), list(self.steps))
 
     def outstanding(self, instance_id: int) -> int:
         return self._outstanding.get(instance_id, 0)
@@ -43,7 +86,14 @@ class Recorder:
             start = self._busy_since.pop(instance_id)
             batch = self._max_batch.pop(instance_id, None)
             self.spans.append(
-                Span(f"gen-{instance_id}", SpanKind.DECODE, start, now_s, iteration, batch)
+                Span(
+                    generation_resource(instance_id),
+                    SpanKind.DECODE,
+                    start,
+                    now_s,
+                    iteration,
+                    batch,
+                )
             )
 
     def iteration(self, r: Request) -> int:

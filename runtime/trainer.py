@@ -184,7 +184,7 @@ class Trainer:
             mean_reward=sum(acc.rewards) / len(acc.rewards) if acc.rewards else None,
             mean_lag=sum(acc.lags) / len(acc.lags) if acc.lags else None,
             ess=effective_sample_size(weights),
-            extra={"busy_s": busy_s},
+            busy_s=busy_s,
         )
 
     # -- weights -----------------------------------------------------------------------

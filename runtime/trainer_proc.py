@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from policies.records import StepStats
+from runtime.recorder import DataPosition
 from runtime.trainer import Trainer, TrainerConfig, TrainItem
 
 
@@ -120,10 +122,10 @@ class TrainerWorker:
     def train(self, items: list[TrainItem], now_s: float) -> float:
         return self.trainer.train(items, now_s)
 
-    def step(self, step: int, now_s: float):
+    def step(self, step: int, now_s: float) -> StepStats:
         return self.trainer.step(step, now_s)
 
-    def checkpoint(self, path: str, data: Any) -> None:
+    def checkpoint(self, path: str, data: dict[str, Any]) -> None:
         self.trainer.save_checkpoint(Path(path), data)
 
     def checksums(self) -> dict[str, tuple[float, float]]:
@@ -154,7 +156,9 @@ def _serve_calls(conn, config: TrainerConfig, cores: list[int] | None, nice: int
 
 
 class TrainerProcess:
-    """Client of the trainer child process; each call is awaited without blocking the loop."""
+    """Client of the trainer child process: one typed async method per
+    :class:`TrainerWorker` method, each awaited without blocking the loop (the pipe and
+    the method's name stay inside this class)."""
 
     def __init__(
         self, config: TrainerConfig, cores: list[int] | None = None, nice: int = 0
@@ -175,16 +179,44 @@ class TrainerProcess:
         self._proc.start()
         self._conn = parent
 
-    def call_sync(self, name: str, *args: Any) -> Any:
+    # -- the trainer's methods, each run in the child, one at a time -----------------------
+
+    async def initialise(self, checkpoint: str | None) -> DataPosition | None:
+        """Load the model (and ``checkpoint`` if it exists); its data position, if any."""
+        data = await self._call("initialise", checkpoint)
+        return None if data is None else DataPosition.from_dict(data)
+
+    async def join_group(
+        self, servers: list[ServerAddr], host: str, port: int, backend: str
+    ) -> None:
+        await self._call("join_group", servers, host, port, backend)
+
+    async def push_weights(self, version: int) -> PushResult:
+        return await self._call("push_weights", version)
+
+    async def train(self, items: list[TrainItem], now_s: float) -> float:
+        """Forward and backward over ``items`` into the current step; the loss."""
+        return await self._call("train", items, now_s)
+
+    async def step(self, step: int, now_s: float) -> StepStats:
+        return await self._call("step", step, now_s)
+
+    async def checkpoint(self, path: str, position: DataPosition) -> None:
+        await self._call("checkpoint", path, position.to_dict())
+
+    async def checksums(self) -> dict[str, tuple[float, float]]:
+        return await self._call("checksums")
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        async with self._lock:
+            return await asyncio.to_thread(self._call_sync, name, *args)
+
+    def _call_sync(self, name: str, *args: Any) -> Any:
         self._conn.send((name, args))
         ok, value = self._conn.recv()
         if not ok:
             raise RuntimeError(f"trainer {name} failed: {value}")
         return value
-
-    async def call(self, name: str, *args: Any) -> Any:
-        async with self._lock:
-            return await asyncio.to_thread(self.call_sync, name, *args)
 
     def stop(self) -> None:
         if self._proc is None:

@@ -55,6 +55,7 @@ from policies.records import (
     SpanKind,
     StepStats,
 )
+from policies.resources import TRAINER, link_resource
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
@@ -277,7 +278,7 @@ class _World:
             inst.engine.push_weights(
                 command.version, command.inflight, to_ticks(pause), to_ticks(transfer)
             )
-            link = f"link-{source}-{inst.pool.datacenter}"
+            link = link_resource(source, inst.pool.datacenter)
             if link not in used_links:
                 used_links.add(link)
                 now = to_seconds(self.env.now)
@@ -302,7 +303,7 @@ class _World:
             self.cluster.trainer.num_gpus, pool.tp, self.spec.cluster.network.pcie_gb_per_s
         )
         yield self.env.timeout(to_ticks(switch_s))
-        for name in ["trainer", *(i.engine.name for i in self.instances.values())]:
+        for name in [TRAINER, *(i.engine.name for i in self.instances.values())]:
             self.spans.append(Span(name, SpanKind.CONTEXT_SWITCH, start, to_seconds(self.env.now)))
         if command.to == Phase.GENERATE:  # colocated weights are local: onloaded, not sent
             for inst in self.instances.values():
@@ -348,7 +349,7 @@ class _World:
                 "end_s": s.end_s,
                 "num_samples": s.num_samples,
                 "num_tokens": s.num_tokens,
-                **s.extra,
+                "busy_s": s.busy_s,
             }
             for s in self.steps
         ]

@@ -15,6 +15,7 @@ import simpy
 
 from policies.modes.events import OptimizerStep, TrainSamples
 from policies.records import Span, SpanKind, StepStats
+from policies.resources import TRAINER
 from sim.ticks import to_seconds
 
 Proc = Generator[simpy.Event, object, None]
@@ -72,7 +73,7 @@ class SimTrainer:
                 progress.busy_ticks += self.env.now - start
             self._on_span(
                 Span(
-                    "trainer",
+                    TRAINER,
                     SpanKind.TRAIN,
                     to_seconds(start),
                     to_seconds(self.env.now),
@@ -109,5 +110,5 @@ class SimTrainer:
             num_tokens=progress.num_tokens,
             start_s=to_seconds(progress.start_ticks),
             end_s=to_seconds(self.env.now),
-            extra={"busy_s": to_seconds(progress.busy_ticks)},
+            busy_s=to_seconds(progress.busy_ticks),
         )

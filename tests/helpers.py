@@ -9,24 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from policies.records import Completion, FinishReason, InstanceView, Request
+from policies.results import METRIC_NAMES, SIM_METRICS, WALL_METRICS
 from policies.spec import RunSpec, spec_from_dict
 
-METRICS_KEYS = {
-    "throughput_samples_per_s",
-    "throughput_tokens_per_s",
-    "generation_utilization",
-    "trainer_utilization",
-    "pipeline_bubble_s",
-    "skewness_bubble_s",
-    "mean_staleness",
-    "max_staleness",
-    "num_samples_generated",
-    "num_samples_trained",
-    "cost_normalized_throughput",
-    "generation_time_s",
-    "iteration_time_s",
-    "sim_wall_s",
-}
+METRICS_KEYS = {*METRIC_NAMES, *SIM_METRICS}  # what every simulated metrics.json holds
 SAMPLE_COLUMNS = [
     "sample_id",
     "prompt_id",
@@ -192,7 +178,7 @@ def completion(
 
 
 def metrics_without_wall(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in metrics.items() if k not in ("sim_wall_s", "live_wall_s")}
+    return {k: v for k, v in metrics.items() if k not in WALL_METRICS}
 
 
 TINY_OPERATORS: dict[str, tuple[list[str], list[float]]] = {

@@ -91,7 +91,7 @@ class Script:
         return self.ctl.handle(SampleFinished(t, c))
 
     def step_done(self, step: int, t: float):
-        stats = StepStats(step, step + 1, 4, 60, t - 1.0, t, extra={"busy_s": 0.5})
+        stats = StepStats(step, step + 1, 4, 60, t - 1.0, t, busy_s=0.5)
         return self.ctl.handle(TrainStepDone(t, stats))
 
     def loaded(self, instance: int, version: int, t: float):

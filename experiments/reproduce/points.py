@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 from experiments.specs import config_path
 from policies.records import SpanKind
+from policies.resources import is_link
 from policies.results import RunResult
 from policies.spec import RunSpec, load_spec
 
@@ -106,7 +107,7 @@ def _cross_dc_syncs(result: RunResult) -> list[float]:
     """Durations of the weight pushes that crossed from one datacenter to another."""
     out = []
     for span in result.spans:
-        if span.kind != SpanKind.WEIGHT_SYNC or not span.resource.startswith("link-"):
+        if span.kind != SpanKind.WEIGHT_SYNC or not is_link(span.resource):
             continue
         _, src, dst = span.resource.split("-", 2)
         if src != dst:

@@ -140,7 +140,8 @@ class WaveController(Controller):
     def _maybe_scale(self, step: int, event: TrainStepDone) -> list[Command]:
         if self._scaling is None or self._scale_pending or step not in self.wave_gen_time_s:
             return []
-        train_s = event.stats.extra.get("busy_s", event.stats.end_s - event.stats.start_s)
+        stats = event.stats
+        train_s = stats.busy_s if stats.busy_s is not None else stats.end_s - stats.start_s
         add = self._scaling.instances_to_add(self.wave_gen_time_s[step], train_s, len(self.views))
         if add <= 0:
             return []

@@ -1,0 +1,90 @@
+"""Typed contracts between stages: the checkpoint's data position, the trainer's methods,
+resource names and the one list of metric names."""
+
+from __future__ import annotations
+
+import asyncio
+
+from helpers import completion, request
+
+from policies.records import SampleRecord, Span, SpanKind, StepStats
+from policies.resources import TRAINER, generation_resource, instance_of, is_link, link_resource
+from policies.results import METRIC_NAMES, SUMMARY_METRICS, compute_metrics
+from runtime.recorder import DataPosition, Recorder
+from runtime.trainer_proc import TrainerProcess
+
+
+def _recorder() -> Recorder:
+    rec = Recorder()
+    for i in range(4):
+        rec.sent(0, 0.1 * i)
+        rec.completion(completion(request(i), 0, 1.0 + i))
+        rec.returned(0, 1.0 + i, 0)
+    rec.trained([0, 1], step=0)
+    rec.trained([2], step=1)
+    rec.span(TRAINER, SpanKind.TRAIN, 1.0, 2.0, iteration=0)
+    rec.steps.append({"step": 0, "busy_s": 0.5})
+    return rec
+
+
+def test_a_data_position_holds_what_was_trained_by_its_step_and_round_trips():
+    position = _recorder().position(step=0, time_s=9.5)
+    assert (position.next_step, position.time_s) == (1, 9.5)
+    assert [s.sample_id for s in position.samples] == [0, 1]  # not sample 2 (step 1)
+    assert all(isinstance(s, SampleRecord) for s in position.samples)
+    assert {s.resource for s in position.spans} == {TRAINER, generation_resource(0)}
+    again = DataPosition.from_dict(position.to_dict())
+    assert again == position
+    resumed = Recorder.resumed(again)
+    assert resumed.step_offset == 1
+    assert sorted(resumed.samples) == [0, 1] and resumed.spans == position.spans
+    assert resumed.steps == [{"step": 0, "busy_s": 0.5}]
+
+
+class FakePipe:
+    """The parent's end of the trainer's pipe: records calls, answers from a script."""
+
+    def __init__(self, *answers: object) -> None:
+        self.sent: list = []
+        self.answers = list(answers)
+
+    def send(self, msg) -> None:
+        self.sent.append(msg)
+
+    def recv(self):
+        return True, self.answers.pop(0)
+
+
+def test_the_trainer_process_has_typed_methods_over_its_pipe():
+    proc = TrainerProcess(config=None)  # type: ignore[arg-type] - never started
+    stats = StepStats(3, 4, 8, 100, 0.0, 1.0, busy_s=0.7)
+    position = _recorder().position(0, 2.0)
+    proc._conn = FakePipe(None, position.to_dict(), stats, None)
+
+    async def script():
+        assert await proc.initialise("nowhere.pt") is None
+        assert await proc.initialise("last.pt") == position  # a typed position, not a dict
+        assert await proc.step(3, 1.0) == stats
+        await proc.checkpoint("last.pt", position)
+
+    asyncio.run(script())
+    assert [name for name, _ in proc._conn.sent] == [
+        "initialise",
+        "initialise",
+        "step",
+        "checkpoint",
+    ]
+    assert proc._conn.sent[3][1] == ("last.pt", position.to_dict())  # plain data in the file
+
+
+def test_resource_names_are_spelled_in_one_place():
+    assert generation_resource(3) == "gen-3" and instance_of("gen-3") == 3
+    assert link_resource("dc0", "dc1") == "link-dc0-dc1" and is_link("link-dc0-dc1")
+    assert TRAINER == "trainer"
+
+
+def test_compute_metrics_reports_exactly_the_listed_metrics_in_order():
+    spans = [Span(generation_resource(0), SpanKind.DECODE, 0.0, 1.0, 0, 1)]
+    metrics = compute_metrics([], spans, 2.0, {generation_resource(0): 0.0}, False, 1, None)
+    assert tuple(metrics) == METRIC_NAMES
+    assert set(SUMMARY_METRICS) < set(METRIC_NAMES)
