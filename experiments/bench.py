@@ -7,7 +7,7 @@ from typing import Any
 
 from experiments.predictors import ranker_for
 from policies.modes import MODES
-from policies.spec import RunSpec
+from policies.spec import RunSpec, override_spec
 from sim.simulator import Simulation
 
 
@@ -36,9 +36,4 @@ def bench_sim(spec: RunSpec, iterations: int = 10, ratio_iterations: int = 1) ->
 
 
 def _with(spec: RunSpec, mode: str, iterations: int) -> RunSpec:
-    return spec.model_copy(
-        update={
-            "pipeline": spec.pipeline.model_copy(update={"mode": mode}),
-            "run": spec.run.model_copy(update={"iterations": iterations}),
-        }
-    )
+    return override_spec(spec, [f"pipeline.mode={mode}", f"run.iterations={iterations}"])

@@ -44,7 +44,7 @@ from experiments.specs import config_path
 from policies.records import Request
 from policies.resources import generation_resource
 from policies.results import RunResult
-from policies.spec import RunSpec, load_spec
+from policies.spec import RunSpec, load_spec, override_spec
 from runtime.gen_client import GenerationClient
 from runtime.launcher import model_dir_for, run_live
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
@@ -181,9 +181,8 @@ def bench_modes(base: RunSpec, url: str, token: str, out: Path, rounds: int = RO
     for r in range(rounds):
         runs.append({})
         for mode in round_order(r):
-            spec = base.model_copy(deep=True)
-            spec.live.server_urls, spec.live.token, spec.pipeline.mode = [url], token, mode
-            spec.run.seed = base.run.seed + r
+            spec = override_spec(base, [f"pipeline.mode={mode}", f"run.seed={base.run.seed + r}"])
+            spec.live.server_urls, spec.live.token = [url], token
             runs[-1][mode] = run_live(spec, out / f"round-{r}" / mode, ranker_for(spec, live=True))
     return {**mode_figures(runs), "steps": base.run.iterations}
 

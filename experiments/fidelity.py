@@ -39,7 +39,7 @@ from experiments.fidelity_compare import (
 from experiments.fidelity_plots import bars, lag_histograms, timeline_overlay
 from experiments.fidelity_tables import markdown_table, repeats_table, seed_orders_text
 from policies.results import RunResult
-from policies.spec import RunSpec
+from policies.spec import RunSpec, override_spec
 
 NO_CHECKPOINTS = 10**9  # live.checkpoint_every: never within a run
 
@@ -139,9 +139,8 @@ def case_spec(
 ) -> RunSpec:
     """One live case; with ``cost_model_dir`` its dispatch prices with the calibrated model
     its sim twin runs on (``live.cost_model``)."""
-    data = base.model_dump(mode="json")
-    data["run"]["seed"] = base.run.seed + repeat
-    data["pipeline"]["mode"] = mode
+    spec = override_spec(base, [f"pipeline.mode={mode}", f"run.seed={base.run.seed + repeat}"])
+    data = spec.model_dump(mode="json")
     if dispatch is not None:
         data["policies"]["dispatch"] = dispatch
     data["live"] |= {"server_urls": [url], "token": token, "checkpoint_every": NO_CHECKPOINTS}

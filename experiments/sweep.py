@@ -15,7 +15,7 @@ from rich.progress import Progress
 
 from experiments.predictors import ranker_for
 from policies.results import write_atomic
-from policies.spec import RunSpec, SpecError, apply_overrides, parse_override, spec_from_dict
+from policies.spec import RunSpec, SpecError, override_spec, parse_override
 from sim.simulator import Simulation
 
 
@@ -47,7 +47,7 @@ def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
         f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
         for k, v in point.items()
     ]
-    return spec_from_dict(apply_overrides(base.model_dump(mode="json"), overrides))
+    return override_spec(base, overrides)
 
 
 def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:

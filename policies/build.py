@@ -126,10 +126,17 @@ def controller_config(spec: RunSpec, micro_batch_samples: int) -> ControllerConf
         micro_batch_samples=micro_batch_samples,
         colocated=mode.colocated,
         streaming=mode.streaming,
-        max_lag=mode.staleness_bound(p.max_lag, p.steps_per_generation),
+        max_lag=_staleness_bound(mode, p.max_lag, p.steps_per_generation),
         inflight=p.inflight if mode.continuous else InflightHandling.BARRIER,
         steps_per_wave=p.steps_per_generation if mode.conventional else 1,
     )
+
+
+def _staleness_bound(mode: ModeTraits, max_lag: int | None, steps_per_generation: int) -> int:
+    try:
+        return mode.staleness_bound(max_lag, steps_per_generation)
+    except ValueError as err:  # a spec changed without validation (model_copy)
+        raise ValueError(f"pipeline.max_lag: {err}") from None
 
 
 def build_controller(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from policies.allocation import ALLOCATION
 from policies.cluster import ClusterSection
@@ -88,17 +88,35 @@ class AlgorithmSection(_Section):
 
 
 class PipelineSection(_Section):
+    """The pipeline mode. ``max_lag`` is the ``pipeline`` mode's (unset: 4); every other
+    mode fixes its own bound (0 for the sync modes, 1 for the one-step async ones,
+    ``steps_per_generation − 1`` for ``conventional``), so there it stays unset (or equal
+    to that bound): any other value is an error naming the key, never ignored."""
+
     mode: str = "stream-async"
-    max_lag: int = Field(4, ge=0, description="pipeline mode: max versions a sample may lag")
     inflight: InflightHandling = InflightHandling.KEEP
     steps_per_generation: int = Field(
         1, ge=1, description="conventional mode: optimizer steps per generated batch (G)"
     )
+    max_lag: int | None = Field(
+        None, ge=0, description="pipeline mode: max versions a sample may lag (unset: 4)"
+    )  # after mode and steps_per_generation: its check reads them
 
     @field_validator("mode")
     @classmethod
     def _known_mode(cls, value: str) -> str:
         return _check_name(value, MODES.names())
+
+    @field_validator("max_lag")
+    @classmethod
+    def _lag_of_the_mode(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """Resolve ``pipeline``'s default; refuse a lag the mode does not take."""
+        mode, steps = info.data.get("mode"), info.data.get("steps_per_generation")
+        if mode is None or steps is None:  # reported on their own keys
+            return value
+        traits = MODES.get(mode)
+        bound = traits.staleness_bound(value, steps)
+        return bound if traits.fixed_lag(steps) is None else value
 
     @field_validator("inflight")
     @classmethod
@@ -296,6 +314,24 @@ def spec_from_dict(data: dict[str, Any]) -> RunSpec:
         raise SpecError(_format_errors(err)) from None
 
 
+def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
+    """``spec`` with each ``key.path=value`` override set (and validated again).
+
+    Overrides apply to the resolved spec, so list items and defaults can be set. One that
+    switches ``pipeline.mode`` to a mode fixing its own lag, without setting
+    ``pipeline.max_lag`` too, drops the old spec's ``max_lag``: that belonged to the old
+    mode (a ``pipeline`` base, or live-tiny's lag for ``pipeline`` runs)."""
+    data = apply_overrides(spec.model_dump(mode="json"), overrides)
+    keys = {".".join(parse_override(text)[0]) for text in overrides}
+    pipeline = data.get("pipeline")
+    if isinstance(pipeline, dict) and "pipeline.max_lag" not in keys:
+        mode = pipeline.get("mode")
+        fixes_lag = mode in MODES and MODES.get(mode).fixed_lag(1) is not None
+        if mode != spec.pipeline.mode and fixes_lag:
+            pipeline["max_lag"] = None
+    return spec_from_dict(data)
+
+
 def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> RunSpec:
     """Load a YAML spec (or the defaults when ``path`` is None) and apply overrides."""
     data: dict[str, Any] = {}
@@ -310,6 +346,4 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Ru
             raise SpecError(f"{path}: the top level must be a mapping of sections")
         data = loaded or {}
     spec = spec_from_dict(data)
-    if overrides:  # applied to the resolved spec, so list items and defaults can be set
-        spec = spec_from_dict(apply_overrides(spec.model_dump(mode="json"), overrides))
-    return spec
+    return override_spec(spec, overrides) if overrides else spec

@@ -8,8 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from policies.dispatch import DISPATCH
+from policies.modes import MODES, WaveController
+from policies.predictors import PREDICTORS
 from policies.records import Completion, FinishReason, InstanceView, Request
 from policies.results import METRIC_NAMES, SIM_METRICS, WALL_METRICS
+from policies.scheduling import SCHEDULING
 from policies.spec import RunSpec, spec_from_dict
 
 METRICS_KEYS = {*METRIC_NAMES, *SIM_METRICS}  # what every simulated metrics.json holds
@@ -34,15 +38,14 @@ SAMPLE_COLUMNS = [
 ]
 SPAN_COLUMNS = ["resource", "kind", "start_s", "end_s", "iteration", "batch_size"]
 
-WAVE_MODES = ["colocated-sync", "disagg-sync", "stream-sync", "one-step-async", "stream-async"]
-ALL_MODES = [*WAVE_MODES, "pipeline", "conventional"]
-STALENESS_BOUND = {
-    "colocated-sync": 0,
-    "disagg-sync": 0,
-    "stream-sync": 0,
-    "one-step-async": 1,
-    "stream-async": 1,
-}
+# from the registries: a new mode or policy is tested without editing these lists
+WAVE_MODES = [name for name, t in MODES.items() if t.controller is WaveController]
+ALL_MODES = MODES.names()
+# the bound of every mode that fixes one (conventional at the default steps_per_generation)
+STALENESS_BOUND = {name: t.fixed_lag(1) for name, t in MODES.items() if t.fixed_lag(1) is not None}
+DISPATCHES = DISPATCH.names()
+SCHEDULINGS = SCHEDULING.names()
+SIM_PREDICTORS = [n for n in PREDICTORS.names() if n != "ranker"]  # ranker: fitted by callers
 
 # A small simulated run: 7B on H800, a handful of samples per step.
 SMALL: dict[str, Any] = {

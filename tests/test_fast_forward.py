@@ -4,7 +4,14 @@ times as simulating every decode step, on random scenarios (exact equality, no t
 from __future__ import annotations
 
 from engine_harness import make_rig
-from helpers import ALL_MODES, metrics_without_wall, request, small_spec
+from helpers import (
+    ALL_MODES,
+    DISPATCHES,
+    SCHEDULINGS,
+    metrics_without_wall,
+    request,
+    small_spec,
+)
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -152,8 +159,8 @@ def _samples(result) -> list[tuple]:
 @settings(max_examples=25)
 @given(
     mode=st.sampled_from(ALL_MODES),
-    dispatch=st.sampled_from(["random", "round-robin", "least-loaded", "skewness-aware"]),
-    scheduling=st.sampled_from(["fcfs", "lpt"]),
+    dispatch=st.sampled_from(DISPATCHES),
+    scheduling=st.sampled_from(SCHEDULINGS),
     num_instances=st.integers(2, 4),
     max_num_seqs=st.sampled_from([2, 3, 64]),
     inflight=st.sampled_from(["keep", "abort-resubmit", "drain"]),
@@ -165,7 +172,7 @@ def test_simulation_fast_forward_equals_step_by_step(
     spec = small_spec(
         pipeline__mode=mode,
         pipeline__inflight=inflight,
-        pipeline__max_lag=1,
+        pipeline__max_lag=1 if mode == "pipeline" else None,
         policies__dispatch=dispatch,
         policies__scheduling=scheduling,
         cluster__generation__0__num_gpus=num_instances,

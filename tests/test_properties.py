@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-from helpers import ALL_MODES, STALENESS_BOUND, metrics_without_wall, small_spec
+from helpers import (
+    ALL_MODES,
+    DISPATCHES,
+    SCHEDULINGS,
+    SIM_PREDICTORS,
+    STALENESS_BOUND,
+    metrics_without_wall,
+    small_spec,
+)
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
@@ -36,14 +44,12 @@ def _draw_spec(draw, group: int, kind: str) -> RunSpec:
         run__seed=draw(st.integers(0, 10_000)),
         pipeline__mode=mode,
         pipeline__steps_per_generation=rounds,
-        pipeline__max_lag=draw(st.integers(0, 3)),
+        pipeline__max_lag=draw(st.integers(0, 3)) if mode == "pipeline" else None,
         pipeline__inflight=draw(st.sampled_from(["keep", "abort-resubmit", "drain"])),
-        policies__dispatch=draw(
-            st.sampled_from(["random", "round-robin", "least-loaded", "skewness-aware"])
-        ),
+        policies__dispatch=draw(st.sampled_from(DISPATCHES)),
         policies__dispatch_objective=draw(st.sampled_from(["sum", "max"])),
-        policies__scheduling=draw(st.sampled_from(["fcfs", "lpt"])),
-        policies__length_predictor=draw(st.sampled_from(["oracle", "none", "noisy-oracle"])),
+        policies__scheduling=draw(st.sampled_from(SCHEDULINGS)),
+        policies__length_predictor=draw(st.sampled_from(SIM_PREDICTORS)),
         policies__allocation=draw(st.sampled_from(["fixed", "fixed", "balanced", "elastic"])),
         algorithm__name=draw(st.sampled_from(["grpo", "ppo"])),
         algorithm__group_size=group,

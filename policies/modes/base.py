@@ -156,10 +156,16 @@ class ModeTraits:
         return steps_per_generation - 1 if self.conventional else self.max_lag
 
     def staleness_bound(self, max_lag: int | None, steps_per_generation: int) -> int:
-        """The bound a run of this mode keeps, given ``pipeline.max_lag`` (None: unset)."""
+        """The bound a run of this mode keeps, given ``pipeline.max_lag`` (None: unset);
+        a lag this mode does not take is an error."""
         fixed = self.fixed_lag(steps_per_generation)
         if fixed is None:
             return DEFAULT_MAX_LAG if max_lag is None else max_lag
+        if max_lag is not None and max_lag != fixed:
+            raise ValueError(
+                f"{max_lag} does not apply to mode {self.name!r}, whose bound is fixed at "
+                f"{fixed}; leave pipeline.max_lag unset (it sets the lag of mode 'pipeline')"
+            )
         return fixed
 
 

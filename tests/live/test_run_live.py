@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import ALL_MODES as REGISTERED_MODES
+from helpers import STALENESS_BOUND
 
 from policies.spec import load_spec
 from runtime.launcher import run_live
@@ -29,21 +31,9 @@ def _overrides(server: str, token: str, mode: str, iterations: int) -> list[str]
     ]  # fmt: skip
 
 
-ALL_MODES = [
-    "colocated-sync",
-    "disagg-sync",
-    "stream-sync",
-    "one-step-async",
-    "stream-async",
-    "pipeline",
-]
-BOUND = {
-    "colocated-sync": 0,
-    "disagg-sync": 0,
-    "stream-sync": 0,
-    "one-step-async": 1,
-    "stream-async": 1,
-}
+# every registered mode but ``conventional`` (G = 1 runs as disagg-sync); their fixed bounds
+ALL_MODES = [m for m in REGISTERED_MODES if m != "conventional"]
+BOUND = STALENESS_BOUND
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)

@@ -1,0 +1,90 @@
+"""``pipeline.max_lag`` is the ``pipeline`` mode's; the other modes fix their own bound, so
+setting another value for them is an error naming the key, never silently ignored."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from helpers import ALL_MODES, STALENESS_BOUND, make_spec
+
+import experiments.reproduce.pipelinerl as pipelinerl
+import experiments.reproduce.streamrl_points as streamrl
+from experiments.specs import config_path
+from policies.build import controller_config
+from policies.modes import DEFAULT_MAX_LAG
+from policies.spec import SpecError, load_spec, override_spec, spec_from_dict
+
+SHIPPED = ["live-tiny", "pipelinerl-7b", "streamrl-7b", "streamrl-32b", "streamrl-72b"]
+
+
+@pytest.mark.parametrize("mode", sorted(STALENESS_BOUND))
+def test_a_lag_a_mode_does_not_take_is_an_error_naming_the_key(mode):
+    wrong = STALENESS_BOUND[mode] + 2
+    with pytest.raises(SpecError, match=r"pipeline\.max_lag: .*fixed at"):
+        make_spec({"pipeline.mode": mode, "pipeline.max_lag": wrong})
+    with pytest.raises(SpecError, match=r"pipeline\.max_lag"):
+        load_spec(None, [f"pipeline.mode={mode}", f"pipeline.max_lag={wrong}"])
+    same = make_spec({"pipeline.mode": mode, "pipeline.max_lag": STALENESS_BOUND[mode]})
+    assert controller_config(same, 1).max_lag == STALENESS_BOUND[mode]  # its own bound: fine
+
+
+def test_conventional_takes_only_steps_per_generation_minus_one():
+    base = {"pipeline.mode": "conventional", "pipeline.steps_per_generation": 4}
+    assert make_spec({**base, "pipeline.max_lag": 3}).pipeline.max_lag == 3
+    assert controller_config(make_spec(base), 1).max_lag == 3
+    with pytest.raises(SpecError, match=r"pipeline\.max_lag"):
+        make_spec({**base, "pipeline.max_lag": 1})
+
+
+def test_pipeline_resolves_its_default_and_keeps_a_set_lag():
+    assert make_spec({"pipeline.mode": "pipeline"}).pipeline.max_lag == DEFAULT_MAX_LAG == 4
+    assert make_spec({"pipeline.mode": "pipeline", "pipeline.max_lag": 0}).pipeline.max_lag == 0
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_every_shipped_config_runs_every_mode_and_its_resolved_spec_loads_again(
+    config, mode, tmp_path
+):
+    spec = load_spec(config_path(config), [f"pipeline.mode={mode}"])
+    (tmp_path / "spec.yaml").write_text(spec.to_yaml())
+    again = load_spec(tmp_path / "spec.yaml")  # a saved spec.yaml is the resolved spec
+    assert again == spec == spec_from_dict(yaml.safe_load(spec.to_yaml()))
+    bound = controller_config(again, 1).max_lag
+    assert bound == STALENESS_BOUND.get(mode, spec.pipeline.max_lag)
+    switched = override_spec(again, ["pipeline.mode=disagg-sync"])  # from a saved spec too
+    assert controller_config(switched, 1).max_lag == 0
+
+
+def test_switching_mode_drops_a_lag_that_belonged_to_the_old_mode():
+    tiny = load_spec(config_path("live-tiny"))  # stream-async, max_lag: 1 for pipeline runs
+    assert tiny.pipeline.max_lag == 1
+    assert load_spec(config_path("live-tiny"), ["pipeline.mode=pipeline"]).pipeline.max_lag == 1
+    assert (
+        load_spec(config_path("live-tiny"), ["pipeline.mode=stream-sync"]).pipeline.max_lag is None
+    )
+    conventional = load_spec(config_path("pipelinerl-7b"), ["pipeline.mode=conventional"])
+    assert conventional.pipeline.max_lag is None
+    with pytest.raises(SpecError, match=r"pipeline\.max_lag"):
+        load_spec(
+            config_path("pipelinerl-7b"), ["pipeline.mode=conventional", "pipeline.max_lag=3"]
+        )
+
+
+def test_the_builder_refuses_a_lag_slipped_past_validation():
+    spec = make_spec({"pipeline.mode": "pipeline", "pipeline.max_lag": 3})
+    copied = spec.model_copy(
+        update={"pipeline": spec.pipeline.model_copy(update={"mode": "stream-sync"})}
+    )
+    with pytest.raises(ValueError, match=r"pipeline\.max_lag: 3 does not apply"):
+        controller_config(copied, 1)
+
+
+@pytest.mark.parametrize("budget", ["QUICK", "FULL"])
+def test_the_reproduction_grids_set_max_lag_only_where_it_means_something(budget):
+    points = pipelinerl.all_points(getattr(pipelinerl, budget))
+    points += streamrl.all_points(getattr(streamrl, budget))
+    for point in points:
+        spec = point.spec()  # validates
+        if any(o.startswith("pipeline.max_lag=") for o in point.overrides):
+            assert spec.pipeline.mode == "pipeline", point
