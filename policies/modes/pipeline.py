@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import dataclass, field
 
 from policies.modes.base import Controller, register_mode
 from policies.modes.events import (
@@ -31,6 +32,17 @@ from policies.modes.lag import LagBudget
 from policies.records import Completion, Request
 
 
+@dataclass(order=True, slots=True)
+class _ReadyGroup:
+    """A finished group waiting for a step, in the ready heap: earliest deadline first,
+    then the earliest finished, then by group id (unique, so samples never compare)."""
+
+    version: int  # the group's counted start version: its deadline is version + max_lag
+    finished_s: float
+    group_id: int
+    samples: list[Completion] = field(compare=False)
+
+
 @register_mode("pipeline", streaming=True, continuous=True)
 class PipelineController(Controller):
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -43,7 +55,7 @@ class PipelineController(Controller):
         self._num_started = 0
         self._counted_version: dict[int, int] = {}  # group id -> version counted in the budget
         self._finished: dict[int, list[Completion]] = {}  # group id -> its finished samples
-        self._ready: list[tuple[int, float, int, list[Completion]]] = []  # heap of whole groups
+        self._ready: list[_ReadyGroup] = []  # heap of whole finished groups
         self._handlers = {
             Start: self._on_start,
             SampleFinished: self._on_sample,
@@ -72,7 +84,8 @@ class PipelineController(Controller):
         counted = self._counted_version.pop(c.request.group_id)
         oldest = min(m.version_start for m in group)
         self.budget.retarget(counted, max(counted, oldest))
-        heapq.heappush(self._ready, (max(counted, oldest), event.time_s, c.request.group_id, group))
+        ready = _ReadyGroup(max(counted, oldest), event.time_s, c.request.group_id, group)
+        heapq.heappush(self._ready, ready)
         return self._place_ready() + self._fill()
 
     def _on_step_done(self, event: TrainStepDone) -> list[Command]:
@@ -145,11 +158,11 @@ class PipelineController(Controller):
     def _place_ready(self) -> list[Command]:
         """Place finished groups earliest-deadline-first while the budget allows."""
         out: list[Command] = []
-        while self._ready and self.budget.can_place(self._ready[0][0]):
-            version, _, _, group = heapq.heappop(self._ready)
+        while self._ready and self.budget.can_place(self._ready[0].version):
+            ready = heapq.heappop(self._ready)
             step = self.budget.step
-            for c in group:
+            for c in ready.samples:
                 out += self._train(step, c)
-            if self.budget.place(version):
+            if self.budget.place(ready.version):
                 out += self._close_step(step)
         return out
