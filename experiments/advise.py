@@ -38,6 +38,8 @@ from experiments.advise_space import Candidate, candidate_spec
 from policies.spec import RunSpec
 
 ATTRIBUTION_SHARE = 0.15  # of the budget, kept for pricing each change
+MAX_SETTLE_ROUNDS = 3  # a pricing run that beats the advice replaces it, this many times
+GRACE_S = 10.0  # past the budget, for runs started before it
 DIMENSIONS = ("mode", "tp", "placement", "max_num_seqs", "dispatch", "scheduling", "predictor")
 
 
@@ -106,19 +108,17 @@ def advise(
                 f"no candidate finished a full run within --budget-s {options.budget_s:g}; raise it"
             )
         evaluations = [*result.evaluations, *extra]
-        best = closest_tie(space, result)
-        changes = _attribute(
-            space, best, evaluations, pool, options.space.objective, start + options.budget_s
-        )
+        objective = options.space.objective
+        best, changes = _settle(space, pool, objective, evaluations, start + options.budget_s)
     finally:
         if own:
             pool.close()  # type: ignore[attr-defined]
     return Advice(
         space=space,
         result=result,
-        input_value=_input_value(space, evaluations, options.space.objective),
+        input_value=_input_value(space, evaluations, objective),
         best=best,
-        best_value=float(result.best_value or 0.0),
+        best_value=full_values(space, evaluations, objective)[best],
         changes=changes,
         evaluations=evaluations,
         objective=options.space.objective,
@@ -212,14 +212,43 @@ def swap(target: Candidate, source: Candidate, dimension: str) -> Candidate:
     )
 
 
-def closest_tie(space: Space, result: SearchResult) -> Candidate:
-    """Of the full runs that tie the best exactly, the one that changes the fewest
-    dimensions of the input spec (the simulator cannot tell them apart)."""
-    assert result.best is not None and result.best_value is not None
-    ties = [c for c, v in result.full_values.items() if v == result.best_value]
+def full_values(
+    space: Space, evaluations: list[Evaluation], objective: str
+) -> dict[Candidate, float]:
+    """The objective of every full run that finished within the staleness bound."""
+    full = space.base.run.iterations
+    out: dict[Candidate, float] = {}
+    for e in evaluations:
+        value = e.value(objective, full) if e.iterations >= full else None
+        if value is not None and e.candidate.structure.staleness_bound <= space.axes.max_staleness:
+            out.setdefault(e.candidate, value)
+    return out
+
+
+def best_full(space: Space, evaluations: list[Evaluation], objective: str) -> Candidate:
+    """The best full run; of exact ties, the one changing the fewest dimensions of the
+    input spec (the simulator cannot tell them apart)."""
+    values = full_values(space, evaluations, objective)
+    top = max(values.values())
+    ties = [c for c, v in values.items() if v == top]
     if space.input is None:
-        return result.best
-    return min(ties, key=lambda c: (_num_changes(space, c), c != result.best))
+        return ties[0]
+    return min(ties, key=lambda c: _num_changes(space, c))
+
+
+def _settle(
+    space: Space, pool: Evaluator, objective: str, evaluations: list[Evaluation], deadline: float
+) -> tuple[Candidate, list[Change]]:
+    """The best full run and what each of its changes buys. Pricing runs configurations the
+    search did not; one that beats the best becomes the advice and is priced in turn."""
+    best = best_full(space, evaluations, objective)
+    for _ in range(MAX_SETTLE_ROUNDS):
+        changes = _attribute(space, best, evaluations, pool, objective, deadline)
+        better = best_full(space, evaluations, objective)
+        if better == best:
+            return best, changes
+        best = better
+    return best, _attribute(space, best, evaluations, pool, objective, deadline)
 
 
 def _num_changes(space: Space, c: Candidate) -> int:
@@ -248,7 +277,10 @@ def _attribute(
     ]  # fmt: skip
     wanted = {(d, end): swap(*pair, d) for d in dims for end, pair in
               (("alone", (space.input, best)), ("reverted", (best, space.input)))}  # fmt: skip
-    new = _run_missing(space, pool, [c for c in wanted.values() if c not in known], deadline)
+    walls = [e.wall_s for e in known.values()]
+    expected_s = sum(walls) / len(walls) if walls else 0.0
+    missing = [c for c in wanted.values() if c not in known]
+    new = _run_missing(space, pool, missing, deadline, expected_s)
     evaluations.extend(new)
     known.update({e.candidate: e for e in new})
     values = {
@@ -262,9 +294,9 @@ def _attribute(
 
 
 def _run_missing(
-    space: Space, pool: Evaluator, missing: list[Candidate], deadline: float
+    space: Space, pool: Evaluator, missing: list[Candidate], deadline: float, expected_s: float
 ) -> list[Evaluation]:
-    """Full runs of ``missing`` that finish before ``deadline`` (others are left out)."""
+    """Full runs of ``missing`` expected to end by ``deadline`` (others are left out)."""
     full = space.base.run.iterations
     runnable = []
     for c in dict.fromkeys(missing):
@@ -273,11 +305,15 @@ def _run_missing(
         except ValueError:  # e.g. a split that is not whole instances at the other tp
             continue
         runnable.append(c)
-    futures = [pool.submit(c, full) for c in runnable if time.monotonic() < deadline]
+    now = time.monotonic()  # they queue: the k-th starts after k / workers runs
+    fits = [
+        c for k, c in enumerate(runnable) if now + (k // pool.workers + 1) * expected_s < deadline
+    ]
+    futures = [pool.submit(c, full) for c in fits]
     out = []
     for future in futures:
         try:
-            e = future.result(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+            e = future.result(timeout=max(0.0, deadline + GRACE_S - time.monotonic()))
         except TimeoutError:
             continue
         if e.ok:

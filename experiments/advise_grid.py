@@ -39,6 +39,12 @@ BENCH_SPECS = ("streamrl-7b", "streamrl-32b", "streamrl-72b")
 BENCH_SETS = ("workload.max_output_tokens=20000",)
 BENCH_AXES = ("max_num_seqs=256", "dispatch=least-loaded,skewness-aware", "predictor=oracle")
 PROBE_REL_TOL = 1e-9
+FIXTURE_METRICS = (
+    "throughput_samples_per_s",
+    "cost_normalized_throughput",
+    "max_staleness",
+    "num_samples_trained",
+)  # what the replay and the benchmark read; the rest of a run's metrics stay out
 
 
 class FixtureStale(RuntimeError):
@@ -98,9 +104,13 @@ def space_digest(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
 
 def grid_row(c: Candidate, full: Evaluation, short: Evaluation | None) -> dict[str, Any]:
     row: dict[str, Any] = candidate_key(c)
-    row.update({f"full_{k}": v for k, v in full.to_row().items()})
-    if short is not None:
-        row.update({f"short_{k}": v for k, v in short.to_row().items()})
+    for prefix, e in (("full_", full), ("short_", short)):
+        if e is not None:
+            kept = {
+                k: v for k, v in e.to_row().items() if k not in METRIC_KEYS or k in FIXTURE_METRICS
+            }
+            row.update({prefix + k: v for k, v in kept.items()})
+    row.pop("full_step_end_s")  # only a short run's step ends are read (to extrapolate it)
     return row
 
 
@@ -203,7 +213,7 @@ class ReplayEvaluator:
             return Evaluation(c, iterations, {}, (), 0.0, "not in the fixture")
         prefix = "full_" if iterations >= self.full_iterations else "short_"
         metrics = {k: _number(row.get(prefix + k)) for k in METRIC_KEYS}
-        ends = tuple(json.loads(row[prefix + "step_end_s"]))
+        ends = tuple(json.loads(row.get(prefix + "step_end_s") or "[]"))
         error = row.get(prefix + "error")
         return Evaluation(
             c, iterations, metrics, ends, 0.0, error if isinstance(error, str) else None

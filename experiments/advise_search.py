@@ -41,6 +41,7 @@ PRIOR_RHO = 1.1  # full / short before any pair is seen
 RHO_MARGIN = 1.005
 MIN_LOG_MARGIN = math.log(1.02)
 BACKFIT_SWEEPS = 200
+GRACE_S = 10.0  # past the deadline, for runs started before it
 
 
 class Evaluator(Protocol):
@@ -244,7 +245,8 @@ class _Runner:
             self._submit(upper)
             if not self.futures:
                 return not self._open(upper).any()
-            left = self.config.deadline_s - time.monotonic()
+            # a run was only started if it should end by the deadline: give it some grace
+            left = self.config.deadline_s - time.monotonic() + GRACE_S
             done, _ = wait(list(self.futures), timeout=max(0.0, left), return_when=FIRST_COMPLETED)
             if not done:
                 return False
