@@ -84,28 +84,35 @@ def pareto_front(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def pareto_plot(runs: pd.DataFrame, front: pd.DataFrame, advice: Advice, path: Path) -> None:
-    """Throughput against staleness bound and against GPUs; the front circled."""
+    """Every full run's throughput per mode (columns in order of staleness bound) and, when
+    the GPU count varies, against GPUs; the Pareto front circled, input and advice marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), sharey=True)
-    modes = runs["mode"] + runs["lag"].map(_lag_suffix)
-    for k, (mode, group) in enumerate(runs.groupby(modes)):
-        jitter = (k - len(set(modes)) / 2) * 0.04
-        for ax, x in zip(axes, ("staleness_bound", "gpus")):
-            offset = jitter if x == "staleness_bound" else 0.0
-            ax.scatter(group[x] + offset, group["throughput_samples_per_s"], s=16, alpha=0.6,
-                       label=mode if x == "gpus" else None)  # fmt: skip
-    for ax, x in zip(axes, ("staleness_bound", "gpus")):
-        ax.scatter(front[x], front["throughput_samples_per_s"], s=90, facecolors="none",
-                   edgecolors="k", label="Pareto front" if x == "gpus" else None)  # fmt: skip
-        _mark(ax, runs, x)
-        ax.set_xlabel("staleness bound (steps)" if x == "staleness_bound" else "GPUs")
-    axes[0].set_ylabel("throughput (samples/s)")
-    axes[1].legend(fontsize=7, loc="best")
-    fig.suptitle(f"tandem advise · {advice.space.base.run.name} · every full run")
+    by_gpus = runs["gpus"].nunique() > 1
+    fig, axes = plt.subplots(
+        1, 2 if by_gpus else 1, figsize=(11 if by_gpus else 7, 4.5), squeeze=False
+    )
+    runs = runs.assign(variant=runs["mode"] + runs["lag"].map(_lag_suffix))
+    order = runs.drop_duplicates("variant").sort_values(["staleness_bound", "variant"])["variant"]
+    column = {v: k for k, v in enumerate(order)}
+    ax = axes[0][0]
+    for _, group in runs.groupby("variant"):
+        ax.scatter(group["variant"].map(column), group["throughput_samples_per_s"], s=16, alpha=0.6)
+    _overlay(ax, runs.assign(x=runs["variant"].map(column)), front, "x")
+    labels = [
+        f"{v}\n(stale {int(runs.loc[runs['variant'] == v, 'staleness_bound'].iloc[0])})"
+        for v in order
+    ]
+    ax.set_xticks(range(len(order)), labels, fontsize=7)
+    ax.set_ylabel("throughput (samples/s)")
+    if by_gpus:
+        axes[0][1].scatter(runs["gpus"], runs["throughput_samples_per_s"], s=16, alpha=0.6)
+        _overlay(axes[0][1], runs, front, "gpus")
+        axes[0][1].set_xlabel("GPUs")
+    fig.suptitle(f"tandem advise · {advice.space.base.run.name} · every full run (front circled)")
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=110)
@@ -113,12 +120,17 @@ def pareto_plot(runs: pd.DataFrame, front: pd.DataFrame, advice: Advice, path: P
     write_atomic(path, buf.getvalue())
 
 
-def _mark(ax: Any, runs: pd.DataFrame, x: str) -> None:
+def _overlay(ax: Any, runs: pd.DataFrame, front: pd.DataFrame, x: str) -> None:
+    """Circle the runs on the front; mark the input and the advice."""
+    on_front = runs.merge(front[list(_CONFIG)], on=list(_CONFIG))
+    ax.scatter(
+        on_front[x], on_front["throughput_samples_per_s"], s=90, facecolors="none", edgecolors="k"
+    )
     for flag, text in (("is_input", "input"), ("is_best", "advice")):
         row = runs[runs[flag]]
         if not row.empty:
             point = (row[x].iloc[0], row["throughput_samples_per_s"].iloc[0])
-            ax.annotate(text, point, xytext=(10, -14 if flag == "is_input" else 10),
+            ax.annotate(text, point, xytext=(12, -16 if flag == "is_input" else 10),
                         textcoords="offset points", arrowprops={"arrowstyle": "->"})  # fmt: skip
 
 
