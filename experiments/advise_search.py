@@ -17,7 +17,9 @@ estimate is treated as an upper bound (it ignores dispatch skew, prefill and wei
 pushes), raised where a run ever beat it. A mode or policy with no short run yet has
 ``U = inf`` and is explored first (highest estimate first).
 
-Each step runs the candidate with the highest ``U`` one level further. The search stops
+Each step runs the candidate with the highest ``U`` one level further; but a short run
+whose own value beats the best full run goes on to its full run first (the incumbent stays
+current, which prunes more and leaves a good answer when the budget ends the search). The search stops
 when no candidate's ``U`` exceeds the best full-run value (the best is then optimal as far
 as the model's observed errors go), or when the budget runs out; candidates whose ``U``
 is below the best at that point count as ruled out, the rest as not covered.
@@ -278,9 +280,21 @@ class _Runner:
         open_ = self._open(upper)
         if not open_.any():
             return None
+        incumbent = self._challenger(open_)
+        if incumbent is not None:
+            return incumbent
         key = np.where(open_, upper, -np.inf)
         top = np.flatnonzero(key == key.max())
         return int(top[np.argmax(self.state.estimate[top])])  # ties: the higher estimate
+
+    def _challenger(self, open_: np.ndarray) -> int | None:
+        """The best short run, if its own value already beats the best full run: it goes
+        on at once, so the incumbent stays current (and prunes more) even when the budget
+        ends the search early."""
+        s = self.state
+        shorts = np.where(open_ & ~np.isnan(s.short), s.short, -np.inf)
+        j = int(np.argmax(shorts))
+        return j if shorts[j] > s.best()[1] else None
 
     def _level(self, i: int) -> int:
         """Short run first, unless it has one already or is to run in full first."""
