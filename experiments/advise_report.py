@@ -208,7 +208,7 @@ def _change_row(c: Change, advice: Advice) -> str:
 
 def _top_table(advice: Advice, runs: pd.DataFrame, n: int = 8) -> list[str]:
     col = OBJECTIVE_COLUMN[advice.objective]
-    top = runs.sort_values(col, ascending=False).head(n)
+    top = runs.sort_values([col, "is_best"], ascending=False).head(n)
     out = [
         "| # | configuration | throughput | cost-normalized | staleness bound | GPUs |",
         "|---:|---|---:|---:|---:|---:|",
@@ -224,7 +224,7 @@ def _top_table(advice: Advice, runs: pd.DataFrame, n: int = 8) -> list[str]:
 
 def _label(r: pd.Series) -> str:
     mode = f"{r['mode']}{_lag_suffix(r['lag'])}"
-    tags = " (input)" if r["is_input"] else ""
+    tags = " (input)" if r["is_input"] else " (advice)" if r["is_best"] else ""
     return f"{mode} tp{r['tp']} {r['placement']} seqs{r['max_num_seqs']} {r['dispatch']}/{r['scheduling']}/{r['predictor']}{tags}"
 
 
