@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from experiments.advise_cmd import add_advise_parser
 from experiments.specs import config_path
 from policies.results import SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec, SpecError, load_spec
@@ -85,6 +86,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         spec_errors = frame["error"].str.startswith("SpecError").all()
         return 2 if spec_errors else 1
     return 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from experiments.advise_cmd import run_advise
+
+    return run_advise(_load(args), args, console)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -216,7 +223,7 @@ def _with_spec(p: argparse.ArgumentParser, default: str | None) -> None:
 
 
 def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
-    """run, sweep, bench."""
+    """run, sweep, advise, bench."""
     run = sub.add_parser("run", help="simulate (or, with --live, really run) one spec")
     _with_spec(run, DEFAULT_SPEC)
     run.add_argument("--out", help="result directory (default: runs/NAME-MODE-TIME)")
@@ -229,6 +236,8 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--workers", type=int, default=2)
     sweep.add_argument("--out", required=True)
     sweep.set_defaults(func=cmd_sweep)
+
+    add_advise_parser(sub, _with_spec, cmd_advise)
 
     bench = sub.add_parser("bench", help="benchmarks; the last line printed is JSON")
     bench.add_argument("target", choices=["sim", "live"])

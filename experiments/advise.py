@@ -1,0 +1,321 @@
+"""``tandem advise``: search the configuration space with the simulator; hand back a spec.
+
+Pipeline mode and lag, the generation/training split (and which datacenter trains when
+the spec has several GPU groups), tensor parallelism, ``max_num_seqs``, dispatch,
+scheduling and length predictor (:mod:`experiments.advise_space`) are searched by
+optimistic best-first search over cost-model estimates, short runs and full runs
+(:mod:`experiments.advise_search`), in the sweep's kind of worker processes. The input
+spec is always run in full first. What is left of the budget after the search
+(:data:`ATTRIBUTION_SHARE` of it is kept) prices each change the advice makes, one at a
+time, from both ends: on the input spec alone, and reverted on the advice.
+
+Writes to ``--out``: ``best.yaml`` (a complete spec for ``tandem run``), ``input.yaml``
+(the resolved input spec), ``pareto.csv``, ``pareto.png``, ``evaluations.csv`` (every
+simulation) and ``advice.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as Bar
+
+from experiments.advise_eval import Evaluation, PoolEvaluator
+from experiments.advise_plan import Space, SpaceOptions, plan_space
+from experiments.advise_search import (
+    Evaluator,
+    Progress,
+    SearchConfig,
+    SearchResult,
+    SearchState,
+    search,
+)
+from experiments.advise_space import Candidate, candidate_spec
+from policies.spec import RunSpec
+
+ATTRIBUTION_SHARE = 0.15  # of the budget, kept for pricing each change
+MAX_SETTLE_ROUNDS = 3  # a pricing run that beats the advice replaces it, this many times
+GRACE_S = 10.0  # past the budget, for runs started before it
+DIMENSIONS = ("mode", "tp", "placement", "max_num_seqs", "dispatch", "scheduling", "predictor")
+
+
+@dataclass(frozen=True, slots=True)
+class AdviseOptions:
+    space: SpaceOptions = SpaceOptions()
+    budget_s: float = 60.0
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.budget_s <= 0:
+            raise ValueError(f"--budget-s must be positive, got {self.budget_s}")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One dimension the advice changes, priced by full runs from both ends."""
+
+    dimension: str
+    before: str
+    after: str
+    alone: float | None  # the input spec with only this change
+    reverted: float | None  # the advice with only this change undone
+
+
+@dataclass(slots=True)
+class Advice:
+    space: Space
+    result: SearchResult
+    input_value: float | None
+    best: Candidate
+    best_value: float
+    changes: list[Change]
+    evaluations: list[Evaluation]
+    objective: str
+    budget_s: float
+    wall_s: float
+
+    @property
+    def best_spec(self) -> RunSpec:
+        return candidate_spec(self.space.base, self.best)
+
+    @property
+    def num_simulations(self) -> int:
+        return len(self.evaluations)
+
+
+def advise(
+    base: RunSpec,
+    options: AdviseOptions,
+    console: Console | None = None,
+    evaluator: Evaluator | None = None,
+) -> Advice:
+    """Search; price the changes; return the advice (nothing is written here)."""
+    start = time.monotonic()
+    space = plan_space(base, options.space)
+    own = evaluator is None
+    pool: Evaluator = evaluator if evaluator is not None else PoolEvaluator(base, options.workers)
+    try:
+        result = _search(space, pool, options, start, console)
+        extra = _run_input_outside(space, pool) if space.input_outside else []
+        if result.best is None:
+            raise RuntimeError(
+                f"no candidate finished a full run within --budget-s {options.budget_s:g}; raise it"
+            )
+        evaluations = [*result.evaluations, *extra]
+        objective = options.space.objective
+        best, changes = _settle(space, pool, objective, evaluations, start + options.budget_s)
+    finally:
+        if own:
+            pool.close()  # type: ignore[attr-defined]
+    return Advice(
+        space=space,
+        result=result,
+        input_value=_input_value(space, evaluations, objective),
+        best=best,
+        best_value=full_values(space, evaluations, objective)[best],
+        changes=changes,
+        evaluations=evaluations,
+        objective=options.space.objective,
+        budget_s=options.budget_s,
+        wall_s=time.monotonic() - start,
+    )
+
+
+def _search(
+    space: Space, pool: Evaluator, options: AdviseOptions, start: float, console: Console | None
+) -> SearchResult:
+    state = SearchState(space.candidates, space.estimates)
+    deadline = start + options.budget_s * (1 - ATTRIBUTION_SHARE)
+    first = () if space.input is None or space.input_outside else (space.input,)
+    config = SearchConfig(options.space.objective, space.base.run.iterations, deadline, first)
+    with _progress_bar(console, len(space.candidates)) as update:
+        return search(state, pool, config, update)
+
+
+class _progress_bar:
+    """A rich progress bar over the candidates resolved, with the best so far."""
+
+    def __init__(self, console: Console | None, total: int) -> None:
+        self._bar = Bar(
+            TextColumn("[bold]advise[/bold] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            disable=console is None,
+            transient=False,
+        )
+        self._task = self._bar.add_task("starting", total=total)
+
+    def __enter__(self) -> Callable[[Progress], None]:
+        self._bar.__enter__()
+        return self._update
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(None, None, None)
+
+    def _update(self, p: Progress) -> None:
+        best = "—" if p.best_value is None else f"{p.best_value:.4g}"
+        text = f"best {best} · {p.num_short} short + {p.num_full} full runs"
+        self._bar.update(self._task, completed=p.num_resolved, description=text)
+
+
+def _run_input_outside(space: Space, pool: Evaluator) -> list[Evaluation]:
+    """The input spec, run in full although the constraints exclude it (for comparison)."""
+    if space.input is None:
+        return []
+    return [pool.submit(space.input, space.base.run.iterations).result()]
+
+
+def _input_value(space: Space, evaluations: list[Evaluation], objective: str) -> float | None:
+    full = space.base.run.iterations
+    for e in evaluations:
+        if e.candidate == space.input and e.iterations >= full:
+            return e.value(objective, full)
+    return None
+
+
+# -- what each change buys ---------------------------------------------------------------------
+
+
+def dimension_value(c: Candidate, dimension: str, space: Space) -> str:
+    cols = c.columns(space.inventory)
+    if dimension == "mode":
+        return c.structure.mode_variant
+    return str(cols[dimension])
+
+
+def swap(target: Candidate, source: Candidate, dimension: str) -> Candidate:
+    """``target`` with ``source``'s value of one dimension."""
+    s, src = target.structure, source.structure
+    if dimension == "mode":
+        return replace(target, structure=replace(s, mode=src.mode, lag=src.lag))
+    if dimension in ("tp", "max_num_seqs"):
+        return replace(target, structure=replace(s, **{dimension: getattr(src, dimension)}))
+    if dimension == "placement":
+        placed = replace(
+            s,
+            trainer_group=src.trainer_group,
+            trainer_gpus=src.trainer_gpus,
+            generation_gpus=src.generation_gpus,
+        )
+        return replace(target, structure=placed)
+    field = "predictor" if dimension == "predictor" else dimension
+    return replace(
+        target, policies=replace(target.policies, **{field: getattr(source.policies, field)})
+    )
+
+
+def full_values(
+    space: Space, evaluations: list[Evaluation], objective: str
+) -> dict[Candidate, float]:
+    """The objective of every full run that finished within the staleness bound."""
+    full = space.base.run.iterations
+    out: dict[Candidate, float] = {}
+    for e in evaluations:
+        value = e.value(objective, full) if e.iterations >= full else None
+        if value is not None and e.candidate.structure.staleness_bound <= space.axes.max_staleness:
+            out.setdefault(e.candidate, value)
+    return out
+
+
+def best_full(space: Space, evaluations: list[Evaluation], objective: str) -> Candidate:
+    """The best full run; of exact ties, the one changing the fewest dimensions of the
+    input spec (the simulator cannot tell them apart)."""
+    values = full_values(space, evaluations, objective)
+    top = max(values.values())
+    ties = [c for c, v in values.items() if v == top]
+    if space.input is None:
+        return ties[0]
+    return min(ties, key=lambda c: _num_changes(space, c))
+
+
+def _settle(
+    space: Space, pool: Evaluator, objective: str, evaluations: list[Evaluation], deadline: float
+) -> tuple[Candidate, list[Change]]:
+    """The best full run and what each of its changes buys. Pricing runs configurations the
+    search did not; one that beats the best becomes the advice and is priced in turn."""
+    best = best_full(space, evaluations, objective)
+    for _ in range(MAX_SETTLE_ROUNDS):
+        changes = _attribute(space, best, evaluations, pool, objective, deadline)
+        better = best_full(space, evaluations, objective)
+        if better == best:
+            return best, changes
+        best = better
+    return best, _attribute(space, best, evaluations, pool, objective, deadline)
+
+
+def _num_changes(space: Space, c: Candidate) -> int:
+    assert space.input is not None
+    return sum(
+        dimension_value(space.input, d, space) != dimension_value(c, d, space) for d in DIMENSIONS
+    )
+
+
+def _attribute(
+    space: Space,
+    best: Candidate,
+    evaluations: list[Evaluation],
+    pool: Evaluator,
+    objective: str,
+    deadline: float,
+) -> list[Change]:
+    """Price every changed dimension (full runs; ``evaluations`` gains the new ones)."""
+    if space.input is None:
+        return []
+    full = space.base.run.iterations
+    known = {e.candidate: e for e in evaluations if e.iterations >= full}
+    dims = [
+        d for d in DIMENSIONS
+        if dimension_value(space.input, d, space) != dimension_value(best, d, space)
+    ]  # fmt: skip
+    wanted = {(d, end): swap(*pair, d) for d in dims for end, pair in
+              (("alone", (space.input, best)), ("reverted", (best, space.input)))}  # fmt: skip
+    walls = [e.wall_s for e in known.values()]
+    expected_s = sum(walls) / len(walls) if walls else 0.0
+    missing = [c for c in wanted.values() if c not in known]
+    new = _run_missing(space, pool, missing, deadline, expected_s)
+    evaluations.extend(new)
+    known.update({e.candidate: e for e in new})
+    values = {
+        k: (known[c].value(objective, full) if c in known else None) for k, c in wanted.items()
+    }
+    return [
+        Change(d, dimension_value(space.input, d, space), dimension_value(best, d, space),
+               values[(d, "alone")], values[(d, "reverted")])
+        for d in dims
+    ]  # fmt: skip
+
+
+def _run_missing(
+    space: Space, pool: Evaluator, missing: list[Candidate], deadline: float, expected_s: float
+) -> list[Evaluation]:
+    """Full runs of ``missing`` expected to end by ``deadline`` (others are left out)."""
+    full = space.base.run.iterations
+    runnable = []
+    for c in dict.fromkeys(missing):
+        try:
+            candidate_spec(space.base, c)
+        except ValueError:  # e.g. a split that is not whole instances at the other tp
+            continue
+        runnable.append(c)
+    now = time.monotonic()  # they queue: the k-th starts after k / workers runs
+    fits = [
+        c for k, c in enumerate(runnable) if now + (k // pool.workers + 1) * expected_s < deadline
+    ]
+    futures = [pool.submit(c, full) for c in fits]
+    out = []
+    for future in futures:
+        try:
+            e = future.result(timeout=max(0.0, deadline + GRACE_S - time.monotonic()))
+        except TimeoutError:
+            continue
+        if e.ok:
+            out.append(e)
+    return out

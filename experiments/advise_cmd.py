@@ -1,0 +1,85 @@
+"""The ``tandem advise`` command: its arguments, and the run from a loaded spec to ``--out``.
+
+Heavy imports (the simulator, pandas) happen inside :func:`run_advise`, so that building
+the CLI's parser stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from policies.spec import RunSpec
+
+
+def add_advise_parser(
+    sub: Any,
+    with_spec: Callable[[argparse.ArgumentParser, str | None], None],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
+    p = sub.add_parser(
+        "advise", help="search modes, splits, tp and policies with the simulator; write a spec"
+    )
+    with_spec(p, None)
+    p.add_argument("--out", required=True, help="directory for best.yaml, advice.md, pareto.*")
+    p.add_argument("--budget-s", type=float, default=60.0, help="wall-time budget (default 60)")
+    p.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        help="largest staleness bound allowed (default: the input spec's own)",
+    )
+    p.add_argument("--objective", choices=["throughput", "cost-normalized"], default="throughput")
+    p.add_argument("--workers", type=int, default=2, help="simulation processes (default 2)")
+    p.add_argument(
+        "--axis",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="restrict one dimension: mode, lag, tp, max_num_seqs, dispatch, scheduling, "
+        "predictor, split_parts",
+    )
+    p.add_argument(
+        "--live-check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then run the top N and the input spec live (paired seeds) and compare orders",
+    )
+    p.add_argument(
+        "--live-repeats", type=int, default=3, help="live check: seeds per configuration"
+    )
+    p.set_defaults(func=handler)
+
+
+def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int:
+    from experiments.advise import AdviseOptions, advise
+    from experiments.advise_plan import SpaceOptions
+    from experiments.advise_report import write_advice
+
+    options = AdviseOptions(
+        space=SpaceOptions(args.max_staleness, args.objective, tuple(args.axis)),
+        budget_s=args.budget_s,
+        workers=args.workers,
+    )
+    advice = advise(spec, options, console)
+    out = write_advice(advice, Path(args.out))
+    r = advice.result
+    console.print(
+        f"advice: [bold]{advice.best.label(advice.space.inventory)}[/bold] "
+        f"{advice.best_value:.4g} (input {advice.input_value or float('nan'):.4g}); "
+        f"{r.num_short} short + {r.num_full} full runs of {len(r.candidates)} candidates, "
+        f"{r.coverage:.0%} covered, {advice.wall_s:.1f} s"
+    )
+    if args.live_check:
+        from experiments.advise_live import LivePlan, live_check
+
+        plan = LivePlan(top=args.live_check, repeats=args.live_repeats)
+        report = live_check(advice, plan, out / "live-check", console)
+        console.print(report.summary())
+    console.print(f"advice in [bold]{out}[/bold] (best.yaml, advice.md, pareto.csv, pareto.png)")
+    return 0

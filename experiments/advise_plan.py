@@ -1,0 +1,102 @@
+"""From an input spec and the options of ``tandem advise`` to the candidates to search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments.advise_axes import (
+    alg1_splits,
+    apply_axes,
+    default_axes,
+    feasible_tps,
+    staleness_of,
+    with_extra_splits,
+)
+from experiments.advise_estimate import Estimator
+from experiments.advise_space import (
+    Candidate,
+    Inventory,
+    PolicyChoice,
+    SearchAxes,
+    canonical,
+    enumerate_candidates,
+    input_candidate,
+)
+from policies.build import build_allocation, mode_of
+from policies.rng import RngStreams
+from policies.spec import RunSpec
+from sim.simulator import resolve_cluster
+from sim.workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceOptions:
+    max_staleness: int | None = None  # None: the input spec's own bound
+    objective: str = "throughput"
+    axes: tuple[str, ...] = ()  # ``name=v1,v2`` overrides
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("throughput", "cost-normalized"):
+            raise ValueError(
+                f"--objective must be throughput or cost-normalized, not {self.objective!r}"
+            )
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"--max-staleness must be >= 0, got {self.max_staleness}")
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    base: RunSpec
+    axes: SearchAxes
+    inventory: Inventory
+    candidates: tuple[Candidate, ...]
+    estimates: tuple[float, ...]
+    input: Candidate | None  # the input spec as a candidate (None: not expressible)
+    input_outside: bool  # the input breaks the constraints (e.g. staler than allowed)
+
+
+def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
+    estimator = Estimator.of(base)
+    axes = apply_axes(
+        default_axes(base, options.max_staleness, options.objective), list(options.axes)
+    )
+    tps = feasible_tps(estimator, axes.tps)
+    axes = with_extra_splits(axes, alg1_splits(estimator, axes))
+    the_input = _input(base, estimator)
+    if the_input is not None and not the_input.structure.colocated:
+        s = the_input.structure
+        axes = with_extra_splits(axes, {s.tp: (s.trainer_gpus,)})
+    prefer = PolicyChoice(
+        base.policies.dispatch, base.policies.scheduling, base.policies.length_predictor
+    )
+    found = enumerate_candidates(axes, estimator.inventory, tps, prefer)
+    outside = the_input is None or staleness_of(base) > axes.max_staleness
+    if the_input is not None and not outside:
+        the_input = canonical(the_input, prefer)
+        found = sorted(set(found) | {the_input})
+    if not found:
+        raise ValueError("the search space is empty: no mode, tp or split fits the constraints")
+    if options.objective == "cost-normalized" and estimator.cost_units(found[0].structure) is None:
+        raise ValueError("--objective cost-normalized needs every GPU's cost in hardware.csv")
+    per_structure = {c.structure: _estimate(estimator, c, options.objective) for c in found}
+    estimates = tuple(per_structure[c.structure] for c in found)
+    return Space(base, axes, estimator.inventory, tuple(found), estimates, the_input, outside)
+
+
+def _input(base: RunSpec, estimator: Estimator) -> Candidate | None:
+    workload = Workload(base, RngStreams(base.run.seed))
+    try:
+        cluster = resolve_cluster(
+            base, mode_of(base), estimator.cost, workload, build_allocation(base)
+        )
+    except ValueError:
+        return None
+    return input_candidate(base, base.model_copy(update={"cluster": cluster}))
+
+
+def _estimate(estimator: Estimator, c: Candidate, objective: str) -> float:
+    value = estimator.throughput(c.structure)
+    if objective == "cost-normalized":
+        units = estimator.cost_units(c.structure)
+        return value / units if units else 0.0
+    return value

@@ -1,0 +1,147 @@
+"""``tandem advise`` end to end on a small spec with the real simulator: the files it writes,
+``best.yaml`` running unchanged, the Pareto front, what each change buys, the budget."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+
+from experiments.advise import AdviseOptions, advise, swap
+from experiments.advise_eval import PoolEvaluator, run_candidate
+from experiments.advise_plan import SpaceOptions
+from experiments.advise_report import pareto_front, write_advice
+from experiments.cli import main
+from policies.spec import load_spec
+from sim.simulator import Simulation
+from tests.test_advise_space import small_spec
+
+AXES = ("dispatch=least-loaded,skewness-aware", "predictor=oracle", "max_num_seqs=32")
+
+
+@pytest.fixture(scope="module")
+def advice():
+    options = AdviseOptions(SpaceOptions(axes=AXES), budget_s=120.0, workers=1)
+    return advise(small_spec(), options)
+
+
+def test_the_advice_beats_or_equals_the_input_and_comes_from_full_runs(advice):
+    assert advice.input_value is not None
+    assert advice.best_value >= advice.input_value
+    assert advice.result.finished and advice.result.coverage == 1.0
+    full = advice.space.base.run.iterations
+    again = run_candidate(advice.space.base, advice.best, full)  # deterministic: same figure
+    assert again.metrics["throughput_samples_per_s"] == advice.best_value
+    assert advice.result.num_short + advice.result.num_full < 2 * len(advice.space.candidates)
+
+
+def test_every_change_is_priced_from_both_ends(advice):
+    dims = {c.dimension for c in advice.changes}
+    assert dims, "the small spec's input is not its best configuration"
+    base, full = advice.space.base, advice.space.base.run.iterations
+    for change in advice.changes:
+        alone = swap(advice.space.input, advice.best, change.dimension)
+        if change.alone is not None:
+            assert (
+                run_candidate(base, alone, full).metrics["throughput_samples_per_s"] == change.alone
+            )
+        reverted = swap(advice.best, advice.space.input, change.dimension)
+        if change.reverted is not None:
+            assert (
+                run_candidate(base, reverted, full).metrics["throughput_samples_per_s"]
+                == change.reverted
+            )
+
+
+def test_written_files_and_best_yaml_runs_unchanged(advice, tmp_path):
+    out = write_advice(advice, tmp_path / "advice")
+    for name in (
+        "best.yaml",
+        "input.yaml",
+        "pareto.csv",
+        "pareto.png",
+        "advice.md",
+        "evaluations.csv",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    best = load_spec(out / "best.yaml")
+    assert best == advice.best_spec
+    assert yaml.safe_load((out / "input.yaml").read_text())["pipeline"]["mode"] == "stream-async"
+    short = best.model_copy(update={"run": best.run.model_copy(update={"iterations": 2})})
+    assert Simulation(short).run().metrics["num_samples_trained"] == 2 * best.algorithm.batch_size
+    text = (out / "advice.md").read_text()
+    assert f"{advice.best_value:.4g}" in text and f"{advice.input_value:.4g}" in text
+    for change in advice.changes:
+        assert f"| {change.dimension} | {change.before} | {change.after} |" in text
+
+
+def test_pareto_front_is_the_non_dominated_full_runs(advice, tmp_path):
+    out = write_advice(advice, tmp_path / "advice")
+    front = pd.read_csv(out / "pareto.csv")
+    runs = pd.read_csv(out / "evaluations.csv")
+    full = runs[(runs["kind"] == "full") & runs["error"].isna()]
+    assert front["throughput_samples_per_s"].max() == pytest.approx(
+        full["throughput_samples_per_s"].max()
+    )
+    assert {"throughput_samples_per_s", "cost_normalized_throughput", "staleness_bound", "gpus",
+            "mode", "tp", "placement", "dispatch"} <= set(front.columns)  # fmt: skip
+    for _, row in front.iterrows():  # nothing in the runs beats a front point on every axis
+        beats = (
+            (full["throughput_samples_per_s"] >= row["throughput_samples_per_s"])
+            & (full["staleness_bound"] <= row["staleness_bound"])
+            & (full["gpus"] <= row["gpus"])
+            & (full["throughput_samples_per_s"] > row["throughput_samples_per_s"])
+        )
+        assert not beats.any()
+
+
+def test_pareto_front_keeps_a_less_stale_but_slower_point():
+    frame = pd.DataFrame({
+        "throughput_samples_per_s": [5.0, 4.0, 3.0], "cost_normalized_throughput": [0.5, 0.4, 0.3],
+        "staleness_bound": [1, 0, 0], "max_staleness": [1, 0, 0], "gpus": [16, 16, 16],
+        "mode": ["a", "b", "c"], "lag": [None] * 3, "tp": [1] * 3, "placement": ["p"] * 3,
+        "max_num_seqs": [8] * 3, "dispatch": ["d"] * 3, "scheduling": ["s"] * 3,
+        "predictor": ["o"] * 3, "trainer_gpus": [8] * 3, "generation_gpus": ["8"] * 3,
+        "is_input": [False] * 3, "is_best": [True, False, False],
+    })  # fmt: skip
+    assert list(pareto_front(frame)["mode"]) == ["a", "b"]
+
+
+def test_a_small_budget_returns_the_best_found_and_says_so(tmp_path):
+    options = AdviseOptions(SpaceOptions(), budget_s=2.0, workers=1)  # every axis: ~4400 points
+    out = advise(small_spec(), options, evaluator=PoolEvaluator(small_spec(), 1))
+    assert out.best_value >= (out.input_value or 0.0)
+    assert not out.result.finished
+    assert out.result.num_open > 0 and out.result.coverage < 1.0
+    assert out.wall_s < 2.0 + 5.0  # a run started before the deadline may finish after it
+    text = (write_advice(out, tmp_path) / "advice.md").read_text()
+    assert "the budget (2 s) stopped it" in text and "not covered" in text
+
+
+def test_cli_advise_writes_the_outputs_and_rejects_bad_input(tmp_path, capsys):
+    spec_path = tmp_path / "small.yaml"
+    spec_path.write_text(small_spec().to_yaml())
+    out = tmp_path / "out"
+    args = ["advise", str(spec_path), "--out", str(out), "--budget-s", "60", "--workers", "1",
+            "--axis", "mode=stream-async,pipeline", "--axis", "tp=1,2"]  # fmt: skip
+    assert main([*args, *sum((["--axis", a] for a in AXES), [])]) == 0
+    assert "advice:" in capsys.readouterr().out
+    assert (out / "best.yaml").exists()
+    assert (
+        main(
+            [
+                "run",
+                str(out / "best.yaml"),
+                "--out",
+                str(tmp_path / "run"),
+                "--set",
+                "run.iterations=2",
+            ]
+        )
+        == 0
+    )
+    assert main(["advise", str(spec_path), "--out", str(out), "--axis", "colour=red"]) == 2
+    assert "unknown axis 'colour'" in capsys.readouterr().out
+    assert main(["advise", str(spec_path), "--out", str(out), "--budget-s", "0"]) == 2
+    with pytest.raises(SystemExit):
+        main(["advise", str(spec_path), "--out", str(out), "--objective", "latency"])
