@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import pytest
 import yaml
@@ -107,9 +109,20 @@ def test_pareto_front_keeps_a_less_stale_but_slower_point():
     assert list(pareto_front(frame)["mode"]) == ["a", "b"]
 
 
+class _SlowEvaluator(PoolEvaluator):
+    """Every simulation takes at least half a second, so a 2 s budget cannot cover the
+    space on any machine (a fast one nearly finished it in 2 s of real runs)."""
+
+    def submit(self, c, iterations):  # noqa: ANN001, ANN201 - the Evaluator protocol
+        start = time.monotonic()
+        future = super().submit(c, iterations)
+        time.sleep(max(0.0, 0.5 - (time.monotonic() - start)))
+        return future
+
+
 def test_a_small_budget_returns_the_best_found_and_says_so(tmp_path):
-    options = AdviseOptions(SpaceOptions(), budget_s=2.0, workers=1)  # every axis: ~4400 points
-    out = advise(small_spec(), options, evaluator=PoolEvaluator(small_spec(), 1))
+    options = AdviseOptions(SpaceOptions(), budget_s=2.0, workers=1)  # every axis: ~3800 points
+    out = advise(small_spec(), options, evaluator=_SlowEvaluator(small_spec(), 1))
     assert out.best_value >= (out.input_value or 0.0)
     assert not out.result.finished
     assert out.result.num_open > 0 and out.result.coverage < 1.0
