@@ -137,7 +137,18 @@ class CalibratedCosts:
     # -- prefill and training -------------------------------------------------------------
 
     def prefill_s(self, device: Device, num_tokens: int) -> float:
+        """Prefill of ``num_tokens`` computed tokens (prefix-cache hits are not computed:
+        the profile's prompts share no KV block, so it measured computed tokens)."""
         return self.fits["prefill"](tokens=num_tokens)
+
+    def mixed_step_s(self, device: Device, work: Any) -> float:
+        """A step with prefill tokens and decodes (``sim.ticks.StepWork``): the decode step
+        plus what the prefill tokens add beyond a prefill's fixed cost."""
+        prefill = self.prefill_s(device, work.num_prefill_tokens)
+        if not work.num_decode:
+            return prefill
+        decode = self.decode_step_s(device, work.num_decode, work.decode_context_tokens)
+        return decode + prefill - self.prefill_s(device, 0)
 
     def train_s(self, device: Device, num_tokens: int) -> float:
         return self.fits["forward"](tokens=num_tokens) + self.fits["backward"](tokens=num_tokens)

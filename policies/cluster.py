@@ -6,6 +6,8 @@ return a cluster without importing the spec (which lists their names).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -22,12 +24,36 @@ class GenerationPool(Section):
     num_gpus: int = Field(16, ge=1)
     tp: int = Field(1, ge=1, description="GPUs per instance (tensor parallelism)")
     datacenter: str = "dc0"
+    # vLLM's engine arguments, with its names; defaults: vLLM's OpenAI server on an
+    # 80 GB Hopper GPU (the hardware of the shipped configs); on the CPU vLLM uses
+    # block_size 128 and 2048 batched tokens (live-tiny.yaml sets them)
     max_num_seqs: int = Field(256, ge=1, description="vLLM max running sequences")
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="vLLM token budget of one engine step (chunked prefill)"
+    )
+    block_size: int = Field(16, ge=1, description="vLLM KV-cache block, tokens")
+    enable_chunked_prefill: bool = Field(True, description="vLLM: split prefills over steps")
+    enable_prefix_caching: bool = Field(
+        True, description="vLLM: share KV blocks of equal prompt prefixes (one weight version)"
+    )
+    num_gpu_blocks_override: int | None = Field(
+        None, ge=1, description="vLLM: KV-cache blocks per instance (None: from free HBM)"
+    )
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority",
+        description="vLLM scheduling policy; tandem's servers run 'priority' "
+        "(policies.scheduling sets the priorities; 'lpt' needs it)",
+    )
 
     @model_validator(mode="after")
     def _whole_instances(self) -> GenerationPool:
         if self.num_gpus % self.tp:
             raise ValueError(f"num_gpus ({self.num_gpus}) must be a multiple of tp ({self.tp})")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}), as vLLM requires"
+            )
         return self
 
     @property

@@ -33,9 +33,52 @@ class RunSection(_Section):
     seed: int = Field(0, ge=0, description="root seed of every named random stream")
 
 
+class ModelShape(_Section):
+    """A model's shape, for the simulator's cost model (what a ``config.json`` holds)."""
+
+    num_params_b: float = Field(gt=0, description="parameters, billions (all experts)")
+    active_params_b: float | None = Field(
+        None, gt=0, description="parameters per token, billions (mixture of experts; None: all)"
+    )
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int = Field(0, ge=0, description="MLP width (an expert's, for MoE)")
+    num_attention_heads: int = Field(ge=1)
+    num_kv_heads: int | None = Field(None, ge=1, description="KV heads (None: as attention heads)")
+    head_dim: int | None = Field(None, ge=1, description="None: hidden_size / attention heads")
+    vocab_size: int = Field(0, ge=0)
+    num_experts: int = Field(0, ge=0, description="routed experts (0: dense)")
+    num_experts_per_tok: int = Field(0, ge=0, description="experts each token is routed to")
+    kv_lora_rank: int = Field(0, ge=0, description="multi-head latent attention KV rank (0: none)")
+    qk_rope_head_dim: int = Field(0, ge=0, description="MLA: rotary key width cached per layer")
+
+    @model_validator(mode="after")
+    def _experts(self) -> ModelShape:
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                "num_experts_per_tok must be in 1..num_experts for a mixture of experts"
+            )
+        if self.active_params_b is not None and self.active_params_b > self.num_params_b:
+            raise ValueError("active_params_b cannot exceed num_params_b")
+        return self
+
+
 class ModelSection(_Section):
-    name: str = Field("Qwen2.5-7B", description="row of models.csv (sim cost model)")
+    name: str = Field(
+        "Qwen2.5-7B",
+        description="row of models.csv (sim cost model), or the name of the shape below",
+    )
     path: str | None = Field(None, description="Hugging Face model directory (live)")
+    config: str | None = Field(
+        None, description="sim: a Hugging Face config.json (or its directory) giving the shape"
+    )
+    shape: ModelShape | None = Field(None, description="sim: the model's shape, inline")
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> ModelSection:
+        if self.config is not None and self.shape is not None:
+            raise ValueError("give model.config or model.shape, not both")
+        return self
 
 
 class WorkloadSection(_Section):
@@ -163,22 +206,36 @@ class PoliciesSection(_Section):
 
 
 class EfficiencySection(_Section):
-    """Engine-efficiency assumptions of the roofline cost model (fractions of peak).
+    """Engine efficiencies of the roofline cost model (fractions of peak), per operator.
 
-    Defaults: ``decode_memory`` is an assumption (vLLM decode reaching 80 % of peak HBM
-    bandwidth); ``step_overhead_s`` and ``decode_compute`` are fitted to StreamRL's
-    published 7B/H800 decode profile (Fig. 6) by ``sim.calibration.fit_ptl_profile``, which
-    then reproduces every point within 4 %. The profile is additive (flat, then linear in
-    batch size), so decode compute and memory time add (``decode_time: sum``); ``max`` is
-    the ideal-overlap roofline.
+    * GEMMs (every linear layer of a step over ``rows`` tokens): ``2 · active params ·
+      rows`` FLOPs at ``gemm_compute`` of peak, the weights streamed once at
+      ``gemm_memory`` of peak HBM bandwidth, the two combined as a smooth maximum
+      ``(t_c^p + t_m^p)^(1/p)``, ``p = gemm_overlap`` (1: they add; large: the roofline
+      maximum). The three are fitted to Vidur's published GEMM profiles of H100
+      (``tandem calibrate --from vidur``; held-out on A100: docs/sim-engine.md).
+    * Attention reads the KV cache at ``kv_memory`` of peak bandwidth (decode is
+      memory-bound) or computes at ``attention_compute`` (prefill), whichever is slower;
+      both are assumptions (Vidur's attention tables are not used).
+    * ``step_overhead_s`` per step (scheduler, sampling, launches): fitted to StreamRL's
+      7B/H800 decode profile (Fig. 6) with the GEMM terms above held fixed.
     """
 
-    decode_memory: float = Field(0.8, gt=0, le=1, description="achieved / peak HBM bandwidth")
-    decode_compute: float = Field(0.292, gt=0, le=1, description="decode achieved / peak FLOP/s")
-    decode_time: Literal["sum", "max"] = Field("sum", description="combine compute and memory")
-    prefill_compute: float = Field(0.6, gt=0, le=1)
+    gemm_compute: float = Field(
+        0.7301, gt=0, le=1, description="GEMM achieved / peak FLOP/s (fitted: Vidur H100)"
+    )
+    gemm_memory: float = Field(
+        1.0, gt=0, le=1, description="GEMM weight streaming / peak HBM (fitted: Vidur H100)"
+    )
+    gemm_overlap: float = Field(
+        1.226, ge=1, description="p of the smooth max of GEMM compute and memory time"
+    )
+    kv_memory: float = Field(
+        0.8, gt=0, le=1, description="KV, optimizer and weight-load bytes / peak HBM"
+    )
+    attention_compute: float = Field(0.5, gt=0, le=1, description="attention FLOP/s / peak")
     train_mfu: float = Field(0.4, gt=0, le=1, description="training model-FLOPs utilisation")
-    step_overhead_s: float = Field(0.00283, ge=0, description="fixed cost per decode step")
+    step_overhead_s: float = Field(0.00406, ge=0, description="fixed cost per engine step, s")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
 
 
@@ -237,6 +294,17 @@ class RunSpec(_Section):
     policies: PoliciesSection = Field(default_factory=PoliciesSection)
     sim: SimSection = Field(default_factory=SimSection)
     live: LiveSection = Field(default_factory=LiveSection)
+
+    @model_validator(mode="after")
+    def _lpt_needs_priorities(self) -> RunSpec:
+        if self.policies.scheduling == "lpt":
+            for i, pool in enumerate(self.cluster.generation):
+                if pool.scheduling_policy != "priority":
+                    raise ValueError(
+                        f"cluster.generation.{i}.scheduling_policy: 'lpt' scheduling needs "
+                        "vLLM's 'priority' policy"
+                    )
+        return self
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

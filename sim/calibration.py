@@ -1,9 +1,12 @@
-"""Fitting the roofline's efficiency factors to a measured decode profile.
+"""Fitting the cost models to measured profiles.
 
-Only efficiency factors are fitted; everything else comes from the hardware and model
-tables. ``fit_ptl_profile`` fits ``step_overhead_s`` and ``decode_compute`` (with
-``decode_memory`` held at its assumed value) to a ``batch_size, decode_step_ms`` table by
-least squares on log time, i.e. on relative error.
+* ``fit_ptl_profile``: the roofline's ``step_overhead_s`` from a measured decode profile
+  (``batch_size, decode_step_ms``; StreamRL's Fig. 6 by default), with the GEMM
+  efficiencies held at their values (fitted to Vidur's GEMM profiles, ``sim.vidur``) and
+  the KV bandwidth at its assumed value. The profile does not say how much context its
+  sequences held, so that is fitted too (``context_tokens`` per sequence); both by least
+  squares on log time, i.e. on relative error.
+* ``calibrate_profile``: the live runtime's operators from a ``tandem profile``.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from policies.calibrated import (
 from policies.protocols import Device
 from policies.spec import EfficiencySection
 from sim.costs import RooflineCostModel
-from sim.tables import data_path, model
+from sim.models import model
+from sim.tables import data_path
 
 
 @dataclass(slots=True, frozen=True)
 class PtlFit:
     efficiency: EfficiencySection
+    context_tokens: float  # per sequence, in the profiled steps (fitted)
     batch_sizes: tuple[int, ...]
     measured_ms: tuple[float, ...]
     predicted_ms: tuple[float, ...]
@@ -42,11 +47,18 @@ class PtlFit:
 
 
 def predict_ptl_ms(
-    eff: EfficiencySection, model_name: str, hardware: str, batch_sizes: np.ndarray
+    eff: EfficiencySection,
+    model_name: str,
+    hardware: str,
+    batch_sizes: np.ndarray,
+    context_tokens: float = 0.0,
 ) -> np.ndarray:
+    """Decode step (ms) of each batch size, every sequence holding ``context_tokens``."""
     cost = RooflineCostModel(model(model_name), eff, "grpo")
     device = Device(hardware, 1)
-    return np.array([cost.decode_step_s(device, int(n), 0) * 1e3 for n in batch_sizes])
+    return np.array(
+        [cost.decode_step_s(device, int(n), int(n * context_tokens)) * 1e3 for n in batch_sizes]
+    )
 
 
 def fit_ptl_profile(
@@ -55,26 +67,28 @@ def fit_ptl_profile(
     hardware: str = "H800",
     base: EfficiencySection | None = None,
 ) -> PtlFit:
-    """Fit overhead and decode compute efficiency to a PTL profile (StreamRL Fig. 6 default)."""
+    """Fit the step overhead (and the profile's context) to a PTL profile."""
     frame = pd.read_csv(table or data_path("ptl_7b_h800.csv"))
     n = frame["batch_size"].to_numpy(int)
     measured = frame["decode_step_ms"].to_numpy(float)
     base = base or EfficiencySection()
 
     def with_params(x: np.ndarray) -> EfficiencySection:
-        return base.model_copy(
-            update={"step_overhead_s": float(x[0]), "decode_compute": float(x[1])}
-        )
+        return base.model_copy(update={"step_overhead_s": float(x[0])})
 
     def residual(x: np.ndarray) -> np.ndarray:
-        return np.log(predict_ptl_ms(with_params(x), model_name, hardware, n)) - np.log(measured)
+        predicted = predict_ptl_ms(with_params(x), model_name, hardware, n, float(x[1]))
+        return np.log(predicted) - np.log(measured)
 
-    fit = least_squares(residual, [0.003, 0.3], bounds=([0.0, 0.01], [0.05, 1.0]))
-    eff = with_params(fit.x)
-    predicted = predict_ptl_ms(eff, model_name, hardware, n)
-    return PtlFit(
-        eff, tuple(map(int, n)), tuple(map(float, measured)), tuple(map(float, predicted))
+    fit = least_squares(
+        residual, [0.003, 1000.0], bounds=([0.0, 0.0], [0.05, 32768.0]), diff_step=1e-3
     )
+    eff = with_params(fit.x)
+    predicted = predict_ptl_ms(eff, model_name, hardware, n, float(fit.x[1]))
+    return PtlFit(
+        eff, float(fit.x[1]), tuple(map(int, n)), tuple(map(float, measured)),
+        tuple(map(float, predicted)),
+    )  # fmt: skip
 
 
 # -- calibration of the live runtime's profile (``tandem calibrate``) --------------------

@@ -1,15 +1,18 @@
 """Cost models of the simulator, in integer ticks (1 tick = 1 ps) and in seconds.
 
-Modelling assumptions (roofline):
+Modelling assumptions (roofline, per operator; efficiencies in ``sim.efficiency``):
 
-* Decode step of ``n`` sequences holding ``ctx`` tokens of KV on ``tp`` GPUs: compute =
-  ``2·P·n + 4·L·h·ctx`` FLOPs at ``decode_compute`` of peak, memory = weights + KV bytes
-  at ``decode_memory`` of peak HBM bandwidth, combined as ``compute + memory`` (default,
-  what vLLM's measured profile shows) or ``max(compute, memory)`` (ideal overlap), plus a
-  fixed ``step_overhead_s`` (scheduler, sampling, launches). Every term is affine in
-  ``ctx``, which is what makes exact fast-forward possible.
-* Prefill is compute-bound (``2·P`` FLOPs per token at ``prefill_compute``); the
-  quadratic attention term is ignored (prompts are short next to outputs).
+* A step of the engine over ``rows`` tokens (decoding sequences plus prefill tokens) on
+  ``tp`` GPUs runs every linear layer once: ``2 · active params · rows`` FLOPs and one pass
+  over the weights it touches (a mixture of experts touches only routed experts). A GEMM
+  is compute- or memory-bound by its shape, and measured GEMMs (Vidur's profiles) go
+  smoothly from one to the other, slower than either bound near the ridge: compute and
+  memory time combine as a smooth maximum ``(t_c^p + t_m^p)^(1/p)`` (``gemm_overlap``).
+* Attention is its own kernel: decode reads each sequence's KV (memory-bound), prefill
+  computes ``query × key`` pairs (compute-bound); each takes the slower of its compute
+  and memory time. Kernels of a step run one after the other, so operators add, plus a
+  fixed ``step_overhead_s``. Decode time is affine in context tokens, which is what makes
+  exact fast-forward possible.
 * Training costs ``k·P`` FLOPs per token at ``train_mfu`` over the trainer's GPUs, with
   k = 6 for GRPO (actor forward+backward, +2 with a reference KL) and k = 18 for PPO
   (actor and critic forward+backward, reference, old-log-prob and value forwards);
@@ -17,8 +20,8 @@ Modelling assumptions (roofline):
 * Weight transfer: bf16 bytes over the link bandwidth plus latency.
 * KV capacity: ``gpu_memory_utilization`` of HBM minus the weights, per instance.
 
-Known biases: no kernel-level effects (attention kernels, communication of tensor
-parallelism), perfectly token-balanced data parallelism in training.
+Known biases: no tensor-parallel communication, no attention-kernel detail beyond its
+roofline, perfectly token-balanced data parallelism in training.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import pandas as pd
 
 from policies.protocols import Device
 from policies.spec import EfficiencySection, RunSpec
-from sim.tables import Hardware, Model, hardware, model
-from sim.ticks import DecodeLaw, to_seconds, to_ticks
+from sim.models import Model, model_for
+from sim.tables import Hardware, hardware
+from sim.ticks import DecodeLaw, StepWork, to_seconds, to_ticks
 
 
 class SimCostModel(Protocol):
@@ -42,6 +46,7 @@ class SimCostModel(Protocol):
 
     def decode_law(self, device: Device, n: int) -> DecodeLaw: ...
     def contended_decode_law(self, device: Device, n: int) -> DecodeLaw | None: ...
+    def mixed_step_s(self, device: Device, work: StepWork) -> float: ...
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float: ...
     def prefill_s(self, device: Device, num_tokens: int) -> float: ...
     def train_s(self, device: Device, num_tokens: int) -> float: ...
@@ -53,6 +58,12 @@ class SimCostModel(Protocol):
     def context_switch_s(self, num_gpus: int, tp: int, pcie_gb_per_s: float) -> float: ...
 
 
+def prefill_work(num_tokens: int) -> StepWork:
+    """A step that prefills one prompt of ``num_tokens`` tokens, nothing else."""
+    pairs = num_tokens * (num_tokens + 1) // 2
+    return StepWork(0, 0, num_tokens, pairs, num_tokens)
+
+
 class RooflineCostModel:
     def __init__(
         self, model_spec: Model, efficiency: EfficiencySection, algorithm: str, kl: bool = False
@@ -60,10 +71,29 @@ class RooflineCostModel:
         self.model = model_spec
         self.eff = efficiency
         self.train_flops_per_token = 18.0 if algorithm == "ppo" else 6.0 + (2.0 if kl else 0.0)
-        self.train_flops_per_token *= model_spec.num_params
+        self.train_flops_per_token *= model_spec.num_active_params
         self.num_trained_models = 2 if algorithm == "ppo" else 1
         self.weight_bytes = model_spec.weight_bytes
         self._laws: dict[tuple[str, int, int], DecodeLaw] = {}
+
+    # -- operators, seconds -----------------------------------------------------------------
+
+    def gemm_s(self, hw: Hardware, tp: int, rows: int) -> float:
+        """Every linear layer of one step over ``rows`` tokens."""
+        m, e = self.model, self.eff
+        compute = 2 * m.num_active_params * rows / (tp * hw.bf16_flops * e.gemm_compute)
+        memory = m.weight_bytes_read(rows) / (tp * hw.hbm_bytes_per_s * e.gemm_memory)
+        p = e.gemm_overlap
+        return (compute**p + memory**p) ** (1 / p)
+
+    def attention_s(self, hw: Hardware, tp: int, pairs: float, kv_tokens: float) -> float:
+        """Attention over ``pairs`` (query, key) positions reading ``kv_tokens`` of KV."""
+        m, e = self.model, self.eff
+        compute = (
+            m.attention_flops_per_context_token * pairs / (tp * hw.bf16_flops * e.attention_compute)
+        )
+        memory = m.kv_bytes_per_token * kv_tokens / (tp * hw.hbm_bytes_per_s * e.kv_memory)
+        return max(compute, memory)
 
     # -- exact decode law for the engine --------------------------------------------------
 
@@ -79,28 +109,19 @@ class RooflineCostModel:
         return None
 
     def _make_law(self, hw: Hardware, tp: int, n: int) -> DecodeLaw:
-        m, e = self.model, self.eff
-        flops = tp * hw.bf16_flops * e.decode_compute
-        bw = tp * hw.hbm_bytes_per_s * e.decode_memory
-        compute0 = 2 * m.num_params * n / flops
-        compute1 = 4 * m.num_layers * m.hidden_size / flops  # attention, per context token
-        memory0, memory1 = m.weight_bytes / bw, m.kv_bytes_per_token / bw
-        overhead = e.step_overhead_s
-        if e.decode_time == "sum":
-            return DecodeLaw(
-                n=n,
-                p0=to_ticks(overhead + compute0 + memory0),
-                p1=to_ticks(compute1 + memory1),
-                q0=0,
-                q1=0,
-            )
-        return DecodeLaw(
-            n=n,
-            p0=to_ticks(overhead + compute0),
-            p1=to_ticks(compute1),
-            q0=to_ticks(overhead + memory0),
-            q1=to_ticks(memory1),
+        fixed = self.eff.step_overhead_s + self.gemm_s(hw, tp, n)
+        per_context_token = self.attention_s(hw, tp, 1.0, 1.0)  # each token: one pair, read once
+        return DecodeLaw(n=n, p0=to_ticks(fixed), p1=to_ticks(per_context_token), q0=0, q1=0)
+
+    def mixed_step_s(self, device: Device, work: StepWork) -> float:
+        """A step with prefill tokens (and decodes): one pass of the GEMMs over all rows."""
+        hw, tp = hardware(device.hardware), device.num_gpus
+        rows = work.num_decode + work.num_prefill_tokens
+        decode = self.attention_s(hw, tp, work.decode_context_tokens, work.decode_context_tokens)
+        prefill = self.attention_s(
+            hw, tp, work.prefill_attention_pairs, work.prefill_context_tokens
         )
+        return self.eff.step_overhead_s + self.gemm_s(hw, tp, rows) + decode + prefill
 
     # -- CostModel protocol (seconds) -----------------------------------------------------
 
@@ -108,9 +129,7 @@ class RooflineCostModel:
         return to_seconds(self.decode_law(device, max(1, batch_size)).step(context_tokens))
 
     def prefill_s(self, device: Device, num_tokens: int) -> float:
-        hw = hardware(device.hardware)
-        flops = device.num_gpus * hw.bf16_flops * self.eff.prefill_compute
-        return self.eff.step_overhead_s + 2 * self.model.num_params * num_tokens / flops
+        return self.mixed_step_s(device, prefill_work(num_tokens))
 
     def train_s(self, device: Device, num_tokens: int) -> float:
         hw = hardware(device.hardware)
@@ -127,14 +146,14 @@ class RooflineCostModel:
     def optimizer_s(self, device: Device) -> float:
         hw = hardware(device.hardware)
         moved = 32.0 * self.model.num_params * self.num_trained_models
-        return moved / (device.num_gpus * hw.hbm_bytes_per_s * self.eff.decode_memory)
+        return moved / (device.num_gpus * hw.hbm_bytes_per_s * self.eff.kv_memory)
 
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
         return num_bytes * 8 / (gbps * 1e9) + latency_s
 
     def weight_load_s(self, device: Device) -> float:
         """Copy received weights into the engine's parameters (one HBM pass)."""
-        bw = hardware(device.hardware).hbm_bytes_per_s * self.eff.decode_memory
+        bw = hardware(device.hardware).hbm_bytes_per_s * self.eff.kv_memory
         return self.weight_bytes / device.num_gpus / bw
 
     # -- capacities and colocated switch ----------------------------------------------------
@@ -183,11 +202,20 @@ class ProfiledCostModel(RooflineCostModel):
     def _make_law(self, hw: Hardware, tp: int, n: int) -> DecodeLaw:
         return DecodeLaw(n=n, p0=to_ticks(self._step_s(n)), p1=0, q0=0, q1=0)
 
+    def mixed_step_s(self, device: Device, work: StepWork) -> float:
+        """The table's decode step plus the roofline's extra time for the prefill tokens."""
+        roofline = super().mixed_step_s(device, work)
+        without_prefill = super().mixed_step_s(
+            device, StepWork(work.num_decode, work.decode_context_tokens, 0, 0, 0)
+        )
+        decode = self._step_s(work.num_decode) if work.num_decode else self.eff.step_overhead_s
+        return decode + roofline - without_prefill
+
 
 def build_cost_model(spec: RunSpec) -> SimCostModel:
     if spec.sim.cost_model == "roofline":
         return RooflineCostModel(
-            model(spec.model.name),
+            model_for(spec.model),
             spec.sim.efficiency,
             spec.algorithm.name,
             spec.algorithm.kl_coef > 0,
@@ -203,7 +231,7 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
         return CalibratedCostModel.load(path)
     return ProfiledCostModel(
         path,
-        model(spec.model.name),
+        model_for(spec.model),
         spec.sim.efficiency,
         spec.algorithm.name,
         spec.algorithm.kl_coef > 0,

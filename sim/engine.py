@@ -1,30 +1,32 @@
-"""A generation instance: vLLM-like continuous batching as a SimPy process.
+"""A generation instance: one vLLM engine (V1 scheduler, paged KV cache) as a SimPy process.
+
+The scheduling rules are vLLM's own, step for step, in :mod:`sim.scheduler` (token budget
+with chunked prefill, decode before prefill, block-granular KV with prefix caching,
+admission only when the whole sequence fits, preemption by recompute); this module gives
+each step its time and talks to the rest of the simulation.
 
 Modelling assumptions and known biases:
 
-* Admission as vLLM's scheduler: up to ``max_num_seqs`` running sequences while the KV
-  cache (in tokens, no block rounding) has room for the prompt; waiting requests are
-  admitted in the scheduling policy's order; preempted ones go first.
-* When a decode step would overflow the KV cache, the most recently admitted sequence is
-  preempted by recompute: it frees its KV and later re-prefills prompt + generated tokens.
-* Prefill of newly admitted requests is one step during which nothing decodes (vLLM V1
-  mixes chunked prefill into decode steps; prompts here are short next to outputs).
-* Every decode step emits one token per running sequence; a sequence of ``L`` output
-  tokens takes ``L`` decode steps after its prefill.
-* Requests arriving during a step join at the next step boundary (at or before a step's
-  start time, they join that step).
+* A step's time is the cost model's: a decode-only step of ``n`` sequences is the decode
+  law at their context; a step with prefill tokens is the cost model's mixed step (decode
+  and prefill tokens in one forward pass). The first output token comes with the prefill.
+* A request's prompt shares KV with other requests of the same prompt and weight version
+  on the same instance (GRPO siblings), as the live servers' version salts make it;
+  nothing is shared across an update (:mod:`sim.kv_cache`).
+* Requests arriving during a step join at the next step boundary; an in-flight update
+  pauses at the next step boundary.
 
-Exact fast-forward: between two events the batch is constant, so the engine sleeps
-straight to the next completion (or KV-full point) with the summed step times from the
-cost model's closed form (:class:`sim.costs.DecodeLaw`). An arrival or an in-flight
-weight update wakes it; it then finishes the step in progress and continues from that
-boundary. Time is integer ticks, so fast-forward and step-by-step give identical times.
+Exact fast-forward: while every running sequence decodes one token a step and nothing
+can be admitted, steps are identical but for their context, so the engine sleeps straight
+to the next completion (or the step that runs out of KV blocks) with the summed step times
+from the decode law's closed form (:class:`sim.ticks.DecodeLaw`). An arrival, an in-flight
+weight update or a change of contention wakes it; it then finishes the step in progress
+and continues from that boundary. Time is integer ticks, so fast-forward and stepping one
+step at a time give identical times.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
@@ -39,26 +41,11 @@ from policies.records import (
     SpanKind,
 )
 from policies.scheduling import SchedulingPolicy
-from sim.costs import DecodeLaw, to_seconds
+from sim.scheduler import Scheduler, StepPlan
+from sim.sequence import EngineLimits, Seq
+from sim.ticks import DecodeLaw, StepWork, to_seconds
 
 Proc = Generator[simpy.Event, object, None]
-
-
-@dataclass(slots=True)
-class Seq:
-    request: Request
-    target_tokens: int
-    finish_reason: FinishReason
-    dispatch_ticks: int
-    done_tokens: int = 0  # generated so far (kept up to date only while not running)
-    finish_step: int = 0  # engine step count at which it completes (while running)
-    admit_order: int = 0
-    version_start: int | None = None
-    gen_start_ticks: int | None = None
-
-    @property
-    def kv_tokens(self) -> int:
-        return self.request.prompt_tokens + self.done_tokens
 
 
 @dataclass(slots=True)
@@ -80,9 +67,19 @@ class EngineHooks:
 @dataclass(slots=True, frozen=True)
 class EngineConfig:
     instance_id: int
-    max_num_seqs: int
-    kv_capacity_tokens: int
+    limits: EngineLimits
     fast_forward: bool = True
+
+
+@dataclass(slots=True)
+class StepCosts:
+    """Step times in ticks: ``law(n)`` for decode-only steps of ``n`` sequences, ``mixed``
+    for steps with prefill tokens; the contended law while the trainer computes on the
+    same host (None: never contended)."""
+
+    law: Callable[[int], DecodeLaw]
+    mixed: Callable[[StepWork], int]
+    contended_law: Callable[[int], DecodeLaw] | None = None
 
 
 class GenerationEngine:
@@ -90,29 +87,21 @@ class GenerationEngine:
         self,
         env: simpy.Environment,
         config: EngineConfig,
-        law: Callable[[int], DecodeLaw],
-        prefill_ticks: Callable[[int], int],
+        costs: StepCosts,
         scheduling: SchedulingPolicy,
         truth: Callable[[Request], int],
         hooks: EngineHooks,
         version: int = 0,
-        contended_law: Callable[[int], DecodeLaw] | None = None,
     ) -> None:
         self.env = env
         self.config = config
-        self._law = law
-        self._contended_law = contended_law  # while the trainer computes on the same host
+        self.costs = costs
         self.contended = False
-        self._prefill_ticks = prefill_ticks
         self._scheduling = scheduling
         self._truth = truth
         self._hooks = hooks
         self.version = version
-        self._waiting: list[tuple[int, float, int, Seq]] = []
-        self._running: list[tuple[int, int, Seq]] = []
-        self._order = itertools.count()
-        self._step = 0  # decode steps taken so far
-        self._ctx = 0  # KV tokens held by running sequences
+        self.scheduler = Scheduler(config.limits)
         self._wake: simpy.Event | None = None
         self._update: PendingUpdate | None = None
         self.name = f"gen-{config.instance_id}"
@@ -121,10 +110,10 @@ class GenerationEngine:
 
     def set_contended(self, contended: bool) -> None:
         """The trainer started or stopped computing: decode from the next step at that rate."""
-        if self._contended_law is None or contended == self.contended:
+        if self.costs.contended_law is None or contended == self.contended:
             return
         self.contended = contended
-        if self._running:
+        if self.scheduler.num_running:
             self._notify()  # end the current decode run at its next step boundary
 
     def submit(self, requests: list[Request] | tuple[Request, ...]) -> None:
@@ -132,7 +121,8 @@ class GenerationEngine:
             true_tokens = self._truth(r)
             target = max(1, min(true_tokens, r.max_tokens))
             reason = FinishReason.LENGTH if true_tokens >= r.max_tokens else FinishReason.STOP
-            self._enqueue(Seq(r, target, reason, dispatch_ticks=self.env.now), preempted=False)
+            priority = self._scheduling.priority(r)
+            self.scheduler.add(r, target, reason, priority, self.version, self.env.now)
         self._notify()
 
     def push_weights(
@@ -163,7 +153,7 @@ class GenerationEngine:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return self.scheduler.num_running
 
     # -- main loop --------------------------------------------------------------------
 
@@ -172,13 +162,17 @@ class GenerationEngine:
             if self._update is not None and self._update_due():
                 yield from self._apply_update()
                 continue
-            admitted = self._admit()
-            if admitted:
-                yield from self._prefill(admitted)
-            elif self._running:
-                yield from self._decode()
+            admit = self._admitting()
+            run_steps = self.scheduler.decode_run(admit)
+            if run_steps:
+                yield from self._decode_run(run_steps)
+            elif self.scheduler.num_running or (admit and self.scheduler.num_waiting):
+                yield from self._step(admit)
             else:
                 yield from self._idle()
+
+    def _admitting(self) -> bool:
+        return self._update is None or self._update.inflight != InflightHandling.DRAIN
 
     def _update_due(self) -> bool:
         u = self._update
@@ -186,14 +180,19 @@ class GenerationEngine:
         if not u.arrived:
             return False
         if u.inflight in (InflightHandling.BARRIER, InflightHandling.DRAIN):
-            return not self._running and (u.inflight == InflightHandling.DRAIN or not self._waiting)
+            busy = self.scheduler.num_running
+            return not busy and (
+                u.inflight == InflightHandling.DRAIN or not self.scheduler.num_waiting
+            )
         return True
 
     def _apply_update(self) -> Proc:
         u = self._update
         assert u is not None
         self._update = None
-        aborted = self._abort_running() if u.inflight == InflightHandling.ABORT_RESUBMIT else []
+        aborted = []
+        if u.inflight == InflightHandling.ABORT_RESUBMIT:
+            aborted = [seq.request for seq in self.scheduler.abort_running()]
         start = self.env.now
         yield self.env.timeout(u.pause_ticks)
         self._span(SpanKind.WEIGHT_SYNC, start, None)
@@ -202,94 +201,65 @@ class GenerationEngine:
         if aborted:
             self._hooks.aborted(self.config.instance_id, aborted)
 
-    def _abort_running(self) -> list[Request]:
-        requests = [seq.request for _, _, seq in sorted(self._running, key=lambda e: e[1])]
-        self._running.clear()
-        self._ctx = 0
-        return requests
+    # -- steps ------------------------------------------------------------------------------
 
-    # -- admission and prefill --------------------------------------------------------
-
-    def _enqueue(self, seq: Seq, preempted: bool) -> None:
-        key = (0 if preempted else 1, self._scheduling.priority(seq.request), next(self._order))
-        heapq.heappush(self._waiting, (*key, seq))
-
-    def _admit(self) -> list[Seq]:
-        if self._update is not None and self._update.inflight == InflightHandling.DRAIN:
-            return []
-        admitted: list[Seq] = []
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
-            seq = self._waiting[0][-1]
-            # room for its KV and for one more token of every running sequence
-            if self._ctx + seq.kv_tokens + len(self._running) + 1 > self.config.kv_capacity_tokens:
-                break
-            heapq.heappop(self._waiting)
-            self._start(seq)
-            admitted.append(seq)
-        return admitted
-
-    def _start(self, seq: Seq) -> None:
-        seq.admit_order = next(self._order)
-        seq.finish_step = self._step + seq.target_tokens - seq.done_tokens
-        if seq.version_start is None:
-            seq.version_start = self.version
-            seq.gen_start_ticks = self.env.now
-        self._ctx += seq.kv_tokens
-        heapq.heappush(self._running, (seq.finish_step, seq.admit_order, seq))
-
-    def _prefill(self, admitted: list[Seq]) -> Proc:
-        start = self.env.now
-        yield self.env.timeout(self._prefill_ticks(sum(s.kv_tokens for s in admitted)))
-        self._span(SpanKind.PREFILL, start, len(admitted))
-
-    # -- decode -------------------------------------------------------------------------
-
-    def _decode(self) -> Proc:
-        n = len(self._running)
-        room = (self.config.kv_capacity_tokens - self._ctx) // n
-        if room <= 0:
-            self._preempt_newest()
+    def _step(self, admit: bool) -> Proc:
+        """One scheduled step (a prefill chunk in it, a preemption, or a lone decode)."""
+        plan = self.scheduler.schedule(admit)
+        if plan.empty:  # it only preempted: nothing runs, the next step re-plans
             return
-        law = self._contended_law(n) if self.contended and self._contended_law else self._law(n)
-        steps = min(self._running[0][0] - self._step, room)
-        if not self.config.fast_forward:
-            steps = 1
-        start, total = self.env.now, law.span(self._ctx, steps)
+        for seq in plan.admitted:
+            if seq.version_start is None:
+                seq.version_start, seq.gen_start_ticks = self.version, self.env.now
+        start = self.env.now
+        yield self.env.timeout(self._step_ticks(plan))
+        finished = self.scheduler.finish_step(plan)
+        kind = SpanKind.PREFILL if plan.num_prefill_tokens else SpanKind.DECODE
+        self._span(kind, start, plan.num_scheduled)
+        self._report(finished)
+
+    def _step_ticks(self, plan: StepPlan) -> int:
+        law = self._law(plan.num_decode) if plan.num_decode else None
+        if not plan.num_prefill_tokens:
+            assert law is not None
+            return law.step(plan.decode_context_tokens)
+        work = StepWork(
+            plan.num_decode, plan.decode_context_tokens, plan.num_prefill_tokens,
+            plan.prefill_attention_pairs, plan.prefill_context_tokens,
+        )  # fmt: skip
+        ticks = self.costs.mixed(work)
+        if self.contended and self.costs.contended_law is not None and plan.num_decode:
+            idle = self.costs.law(plan.num_decode).step(plan.decode_context_tokens)
+            busy = self.costs.contended_law(plan.num_decode).step(plan.decode_context_tokens)
+            ticks = ticks * busy // max(1, idle)
+        return ticks
+
+    def _law(self, n: int) -> DecodeLaw:
+        if self.contended and self.costs.contended_law is not None:
+            return self.costs.contended_law(n)
+        return self.costs.law(n)
+
+    def _decode_run(self, run_steps: int) -> Proc:
+        """Up to ``run_steps`` identical decode steps, in one sleep unless woken."""
+        sched = self.scheduler
+        n, ctx = len(sched.decoding), sched.decoding.context_tokens(sched.steps)
+        law = self._law(n)
+        steps = run_steps if self.config.fast_forward else 1
+        start, total = self.env.now, law.span(ctx, steps)
         self._wake = self.env.event()
         yield self.env.timeout(total) | self._wake
         self._wake = None
         elapsed = self.env.now - start
         if elapsed < total:  # woken early: stop at the first step boundary from now
-            steps = law.steps_within(self._ctx, elapsed, steps)
-            if law.span(self._ctx, steps) < elapsed:
+            steps = law.steps_within(ctx, elapsed, steps)
+            if law.span(ctx, steps) < elapsed:
                 steps += 1
-                yield self.env.timeout(start + law.span(self._ctx, steps) - self.env.now)
-        self._advance(steps, start, n)
-
-    def _advance(self, steps: int, start: int, n: int) -> None:
+                yield self.env.timeout(start + law.span(ctx, steps) - self.env.now)
         if steps == 0:
             return
+        finished = sched.advance_decode(steps)
         self._span(SpanKind.DECODE, start, n)
-        self._step += steps
-        self._ctx += n * steps
-        while self._running and self._running[0][0] <= self._step:
-            _, _, seq = heapq.heappop(self._running)
-            self._ctx -= seq.request.prompt_tokens + seq.target_tokens
-            self._hooks.finished(self._completion(seq))
-
-    def _preempt_newest(self) -> None:
-        if len(self._running) == 1:
-            raise ValueError(
-                f"{self.name}: one sequence does not fit the KV cache "
-                f"({self.config.kv_capacity_tokens} tokens)"
-            )
-        victim = max(self._running, key=lambda e: e[1])
-        self._running.remove(victim)
-        heapq.heapify(self._running)
-        seq = victim[2]
-        seq.done_tokens = seq.target_tokens - (seq.finish_step - self._step)
-        self._ctx -= seq.request.prompt_tokens + seq.done_tokens
-        self._enqueue(seq, preempted=True)
+        self._report(finished)
 
     def _idle(self) -> Proc:
         start = self.env.now
@@ -300,6 +270,10 @@ class GenerationEngine:
             self._span(SpanKind.IDLE, start, None)
 
     # -- records ------------------------------------------------------------------------
+
+    def _report(self, finished: list[Seq]) -> None:
+        for seq in finished:
+            self._hooks.finished(self._completion(seq))
 
     def _completion(self, seq: Seq) -> Completion:
         assert seq.version_start is not None and seq.gen_start_ticks is not None
@@ -316,7 +290,8 @@ class GenerationEngine:
         )
 
     def _span(self, kind: SpanKind, start: int, batch_size: int | None) -> None:
-        iteration = self._running[0][2].request.iteration if self._running else None
+        first = next(iter(self.scheduler.running), None)
+        iteration = first.request.iteration if first is not None else None
         self._hooks.span(
             Span(
                 self.name, kind, to_seconds(start), to_seconds(self.env.now), iteration, batch_size

@@ -60,7 +60,8 @@ from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
 from sim.costs import SimCostModel, build_cost_model
-from sim.engine import EngineConfig, EngineHooks, GenerationEngine
+from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
+from sim.sequence import engine_limits
 from sim.tables import hardware_table
 from sim.ticks import DecodeLaw, to_seconds, to_ticks
 from sim.trainer import SimTrainer
@@ -180,17 +181,16 @@ class _World:
             aborted=self._aborted,
             span=self.spans.append,
         )
+        costs = StepCosts(
+            law=lambda n, d=device: self.cost.decode_law(d, n),
+            mixed=lambda work, d=device: to_ticks(self.cost.mixed_step_s(d, work)),
+            contended_law=self._contended_law(device),
+        )
+        limits = engine_limits(pool, self.cost.kv_capacity_tokens(device))
         engine = GenerationEngine(
             self.env,
-            EngineConfig(
-                instance_id,
-                pool.max_num_seqs,
-                self.cost.kv_capacity_tokens(device),
-                self._fast_forward,
-            ),
-            law=lambda n, d=device: self.cost.decode_law(d, n),
-            contended_law=self._contended_law(device),
-            prefill_ticks=lambda tokens, d=device: to_ticks(self.cost.prefill_s(d, tokens)),
+            EngineConfig(instance_id, limits, self._fast_forward),
+            costs,
             scheduling=self.policies.scheduling,
             truth=self.workload.true_output_tokens,
             hooks=hooks,

@@ -1,4 +1,4 @@
-"""Hardware and model tables (copies of the published facts in shared/data)."""
+"""The hardware table (a copy of the published facts in shared/data); models: ``sim.models``."""
 
 from __future__ import annotations
 
@@ -17,25 +17,6 @@ class Hardware:
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float
     cost_per_gpu_rel_h20: float | None  # machine cost / 8 GPUs, relative to an H20 machine
-
-
-@dataclass(slots=True, frozen=True)
-class Model:
-    name: str
-    num_params: float
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-
-    @property
-    def weight_bytes(self) -> float:
-        return 2.0 * self.num_params  # bf16
-
-    @property
-    def kv_bytes_per_token(self) -> float:
-        head_dim = self.hidden_size / self.num_attention_heads
-        return 2.0 * self.num_layers * self.num_kv_heads * head_dim * 2.0  # K and V, bf16
 
 
 def data_path(name: str) -> Path:
@@ -63,30 +44,8 @@ def hardware_table() -> dict[str, Hardware]:
     return out
 
 
-@cache
-def model_table() -> dict[str, Model]:
-    return {
-        r["name"]: Model(
-            name=r["name"],
-            num_params=float(r["num_params_b"]) * 1e9,
-            num_layers=int(r["num_layers"]),
-            hidden_size=int(r["hidden_size"]),
-            num_attention_heads=int(r["num_attention_heads"]),
-            num_kv_heads=int(r["num_kv_heads"]),
-        )
-        for r in _rows("models.csv")
-    }
-
-
 def hardware(name: str) -> Hardware:
     table = hardware_table()
     if name not in table:
         raise ValueError(f"unknown hardware {name!r}; hardware.csv has {', '.join(table)}")
-    return table[name]
-
-
-def model(name: str) -> Model:
-    table = model_table()
-    if name not in table:
-        raise ValueError(f"unknown model {name!r}; models.csv has {', '.join(table)}")
     return table[name]

@@ -68,3 +68,14 @@ class DecodeLaw:
             else:
                 hi = mid - 1
         return lo
+
+
+@dataclass(slots=True, frozen=True)
+class StepWork:
+    """What one engine step computes (the cost input of a step that is not decode-only)."""
+
+    num_decode: int  # sequences decoding one token
+    decode_context_tokens: int  # KV tokens they attend to
+    num_prefill_tokens: int  # prefill (or recompute) tokens, in chunks
+    prefill_attention_pairs: int  # Σ over prefill tokens of the positions each attends to
+    prefill_context_tokens: int  # KV tokens the prefill chunks read

@@ -9,8 +9,9 @@ import simpy
 
 from policies.records import Completion, InflightHandling, Request, Span
 from policies.scheduling import FcfsScheduling, SchedulingPolicy
-from sim.engine import EngineConfig, EngineHooks, GenerationEngine
-from sim.ticks import DecodeLaw
+from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
+from sim.sequence import EngineLimits
+from sim.ticks import DecodeLaw, StepWork
 
 
 @dataclass
@@ -69,13 +70,19 @@ TEN_TICK_STEPS = constant_law(10)
 def make_rig(
     truth: dict[int, int],
     law: Callable[[int], DecodeLaw] = TEN_TICK_STEPS,
-    prefill: Callable[[int], int] = lambda tokens: 0,
+    prefill: Callable[[int], int] = lambda tokens: 10,
     max_num_seqs: int = 256,
     kv_capacity_tokens: int = 10**9,
     scheduling: SchedulingPolicy | None = None,
     fast_forward: bool = True,
     resubmit_aborted: bool = False,
+    block_size: int = 1,
+    max_num_batched_tokens: int = 10**6,
+    enable_prefix_caching: bool = True,
+    scheduling_policy: str = "priority",
 ) -> Rig:
+    """A step with prefill tokens costs ``prefill(prefill tokens)`` plus, if sequences
+    decode in it too, their decode step; KV is ``kv_capacity_tokens // block_size`` blocks."""
     env = simpy.Environment()
     rig = Rig(env=env, engine=None, truth=truth)  # type: ignore[arg-type]
 
@@ -84,17 +91,28 @@ def make_rig(
         if resubmit_aborted:
             rig.engine.submit(requests)
 
+    def mixed(work: StepWork) -> int:
+        decode = law(work.num_decode).step(work.decode_context_tokens) if work.num_decode else 0
+        return prefill(work.num_prefill_tokens) + decode
+
     hooks = EngineHooks(
         finished=rig.done.append,
         weights_loaded=lambda i, v: rig.loads.append((env.now, i, v)),
         aborted=aborted,
         span=rig.spans.append,
     )
+    limits = EngineLimits(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(max_num_batched_tokens, max_num_seqs),
+        block_size=block_size,
+        num_blocks=kv_capacity_tokens // block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        scheduling_policy=scheduling_policy,
+    )
     rig.engine = GenerationEngine(
         env,
-        EngineConfig(0, max_num_seqs, kv_capacity_tokens, fast_forward),
-        law=law,
-        prefill_ticks=prefill,
+        EngineConfig(0, limits, fast_forward),
+        StepCosts(law=law, mixed=mixed),
         scheduling=scheduling or FcfsScheduling(),
         truth=lambda r: truth[r.sample_id],
         hooks=hooks,

@@ -1,7 +1,10 @@
-"""The decode law's closed form, and the generation engine's admission, preemption, order and
-in-flight weight updates, with hand-computed tick-exact traces.
+"""The decode law's closed form, and the generation engine (vLLM V1's scheduler): admission,
+token budget and chunked prefill, block-granular KV, preemption, prefix sharing, order
+and in-flight weight updates, with hand-computed tick-exact traces.
 
-Unless a test says otherwise a decode step costs 10 ticks and prefill is free.
+Unless a test says otherwise every step costs 10 ticks (a step with both prefill and
+decode costs the two: 20), the KV cache has blocks of one token and no budget binds. A
+prefill step samples a request's first token, so T output tokens take T steps.
 """
 
 from __future__ import annotations
@@ -60,38 +63,58 @@ def test_span_crossing_from_one_term_to_the_other():
 # -- admission ----------------------------------------------------------------------------------
 
 
+def _prefills(rig) -> list[tuple[float, float, int | None]]:
+    return [(s.start_s, s.end_s, s.batch_size) for s in rig.spans if s.kind == SpanKind.PREFILL]
+
+
 def test_max_num_seqs_limits_the_running_batch():
     rig = make_rig({0: 3, 1: 5, 2: 2}, prefill=lambda tokens: 5, max_num_seqs=2)
     rig.submit_at(0, [request(0), request(1), request(2)])
     rig.run()
-    # 0–5 prefill {0,1}; 3 steps → 0 ends at 35; prefill {2} 35–40; 2 steps → 1, 2 end at 60
-    assert rig.ticks() == {0: (0, 35), 1: (0, 60), 2: (35, 60)}
+    # 0–5 prefill {0,1} (first tokens); 2 steps → 0 ends at 25; then 1 decodes while 2
+    # prefills (5 + 10 = 15 ticks) to 40; one more step ends both at 50
+    assert rig.ticks() == {0: (0, 25), 1: (0, 50), 2: (25, 50)}
     assert [c.output_tokens for c in rig.done] == [3, 5, 2]
     assert all(c.finish_reason == FinishReason.STOP for c in rig.done)
-    prefills = [(s.start_s, s.end_s, s.batch_size) for s in rig.spans if s.kind == SpanKind.PREFILL]
-    assert prefills == [(0.0, 5e-12, 2), (35e-12, 40e-12, 1)]
+    assert _prefills(rig) == [(0.0, 5e-12, 2), (25e-12, 40e-12, 2)]
 
 
-def test_kv_capacity_limits_admission():
-    # prompts of 10 tokens, capacity 24: two fit (20 + 2 running + 1 ≤ 24), a third does not
+def test_the_whole_sequence_must_fit_the_free_blocks_to_be_admitted():
+    # prompts of 10 tokens, 24 blocks: two fit (20), a third does not (4 left)
     rig = make_rig({0: 2, 1: 2, 2: 2}, kv_capacity_tokens=24)
     rig.submit_at(0, [request(0), request(1), request(2)])
     rig.run()
     assert rig.ticks() == {0: (0, 20), 1: (0, 20), 2: (20, 40)}
 
 
-def test_preemption_by_recompute_when_the_cache_runs_out():
-    # capacity 25, prompts 10, targets 4 and 3, prefill = 1 tick per token.
-    # 0–20 prefill both (20 tokens); 2 steps to 40 (ctx 24); no room for another step:
-    # sample 1 (newest) is preempted with 2 tokens done; sample 0 ends at 60; sample 1
-    # re-prefills prompt + 2 tokens (12 ticks) to 72 and ends one step later, at 82.
-    rig = make_rig({0: 4, 1: 3}, prefill=lambda tokens: tokens, kv_capacity_tokens=25)
+def test_preemption_by_recompute_resumes_from_its_cached_blocks():
+    # 25 blocks, prompts of 10, targets 5 and 4, prefill 1 tick per token.
+    # 0–20 prefill both (20 blocks); 2 steps to 40 (24 blocks held). At 40 sample 0 takes
+    # the last block and sample 1 (the newest) finds none: it preempts itself with 3
+    # tokens, its blocks freed but cached. 0 decodes alone to 50 and ends at 60 (taking a
+    # block evicts 1's last cached one). Sample 1 resumes from 10 prompt + 1 own cached
+    # blocks: 2 tokens to prefill again, 60–62, which sample its 4th token.
+    rig = make_rig({0: 5, 1: 4}, prefill=lambda tokens: tokens, kv_capacity_tokens=25)
     rig.submit_at(0, [request(0), request(1)])
     rig.run()
-    assert rig.ticks() == {0: (0, 60), 1: (0, 82)}
-    assert [c.output_tokens for c in rig.done] == [4, 3]
-    prefills = [(s.start_s, s.end_s, s.batch_size) for s in rig.spans if s.kind == SpanKind.PREFILL]
-    assert prefills == [(0.0, 20e-12, 2), (60e-12, 72e-12, 1)]
+    assert rig.ticks() == {0: (0, 60), 1: (0, 62)}
+    assert [c.output_tokens for c in rig.done] == [5, 4]
+    assert _prefills(rig) == [(0.0, 20e-12, 2), (60e-12, 62e-12, 1)]
+    assert (rig.engine.scheduler.num_preemptions, rig.engine.scheduler.num_recomputed_tokens) == (
+        1,
+        2,
+    )
+
+
+def test_without_prefix_caching_a_preempted_request_recomputes_everything():
+    rig = make_rig(
+        {0: 5, 1: 4}, prefill=lambda tokens: tokens, kv_capacity_tokens=25,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    rig.submit_at(0, [request(0), request(1)])
+    rig.run()
+    assert rig.ticks() == {0: (0, 60), 1: (0, 73)}  # 13 tokens again, 60–73
+    assert rig.engine.scheduler.num_recomputed_tokens == 13
 
 
 def test_a_sequence_that_cannot_fit_alone_is_an_error():
@@ -114,10 +137,66 @@ def test_max_tokens_truncates_with_length_finish_reason():
 def test_arrivals_during_a_step_join_at_the_next_boundary():
     rig = make_rig({0: 5, 1: 2})
     rig.submit_at(0, [request(0)])
-    rig.submit_at(23, [request(1)])  # mid-step: joins at 30, runs steps 4 and 5 with 0
+    rig.submit_at(23, [request(1)])  # mid-step: joins at 30, prefilled beside 0's decode
     rig.run()
-    assert rig.ticks() == {0: (0, 50), 1: (30, 50)}
+    # 30–50 one step of both (10 + 10); 50–60 the last of each
+    assert rig.ticks() == {0: (0, 60), 1: (30, 60)}
     assert rig.done[0].dispatch_s == 0.0 and rig.done[1].dispatch_s == 23e-12
+
+
+# -- token budget, chunked prefill, blocks ---------------------------------------------------
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_after_the_decodes_of_the_step():
+    # budget 8 tokens a step, prefill 1 tick per token: 0 (prompt 4) prefills 0–4 and
+    # decodes; 1 (prompt 12) arrives at 5 and joins at 14: 0's decode takes 1 token of
+    # the budget, 1 gets a 7-token chunk (17 ticks, no token yet), then its last 5 (31–36)
+    rig = make_rig(
+        {0: 3, 1: 2}, prefill=lambda tokens: tokens, max_num_seqs=4, max_num_batched_tokens=8
+    )
+    rig.submit_at(0, [request(0, prompt_tokens=4)])
+    rig.submit_at(5, [request(1, prompt_tokens=12)])
+    rig.run()
+    assert rig.ticks() == {0: (0, 31), 1: (14, 46)}
+    assert _prefills(rig) == [(0.0, 4e-12, 1), (14e-12, 31e-12, 2), (31e-12, 36e-12, 1)]
+
+
+def test_kv_blocks_are_taken_at_block_boundaries_and_their_lack_preempts():
+    # blocks of 4 tokens, 4 blocks; prompts of 3, 10 tokens each. Both need a second block
+    # at their 2nd decode step (4 tokens computed) and a third at their 6th: at 60 there
+    # is one block only, sample 1 is preempted (2 blocks freed, cached; taking one back
+    # for sample 0 evicts one), 0 finishes at 100; 1 resumes from 4 cached tokens of its
+    # 9 (5 to prefill again, 100–110) and decodes its last 3 tokens to 140
+    rig = make_rig({0: 10, 1: 10}, kv_capacity_tokens=16, block_size=4)
+    rig.submit_at(0, [request(0, prompt_tokens=3), request(1, prompt_tokens=3)])
+    rig.run()
+    assert rig.ticks() == {0: (0, 100), 1: (0, 140)}
+    sched = rig.engine.scheduler
+    assert (sched.num_preemptions, sched.num_recomputed_tokens) == (1, 5)
+    assert sched.kv.num_used == 0
+
+
+def test_grpo_siblings_share_their_prompt_blocks_within_one_weight_version():
+    # blocks of 4, prompts of 10 (2 full blocks), prefill 1 tick per token. Siblings 0 and
+    # 1 are admitted in one step: 1 reuses 0's two full blocks, so 10 + 2 tokens are
+    # prefilled (0–12), in 4 blocks, not 6. A third sibling arriving at 40 reuses them
+    # again from the cache (2 tokens, 40–42) — unless an update came in between.
+    def rig_with(update: bool):
+        rig = make_rig({0: 2, 1: 2, 2: 2}, prefill=lambda tokens: tokens, block_size=4)
+        rig.submit_at(0, [request(i, group_size=3) for i in (0, 1)])
+        if update:
+            rig.push_at(30, 1, KEEP, pause_ticks=5)
+        rig.submit_at(40, [request(2, group_size=3)])
+        return rig
+
+    same = rig_with(update=False)
+    same.run(until=5)
+    assert same.engine.scheduler.kv.num_used == 4
+    same.run()
+    assert _prefills(same) == [(0.0, 12e-12, 2), (40e-12, 42e-12, 1)]
+    updated = rig_with(update=True)
+    updated.run()
+    assert _prefills(updated) == [(0.0, 12e-12, 2), (40e-12, 50e-12, 1)]  # nothing shared
 
 
 # -- scheduling order -----------------------------------------------------------------------------
@@ -139,16 +218,32 @@ def test_admission_order_fcfs_and_lpt(lpt, expected):
     assert [c.sample_id for c in rig.done] == list(expected)
 
 
-def test_preempted_sequences_go_first_even_under_lpt():
-    # capacity 25, prompts of 10: 0 and 1 run; at 20 (ctx 24) 1 is preempted with 2 tokens
-    # done. 2 (13-token prompt, predicted longest) arrives at 25; 0 ends at 40. Then the
-    # preempted 1 (12 tokens of KV) is admitted before 2, which no longer fits beside it.
-    truth = {0: 4, 1: 3, 2: 1}
-    rig = make_rig(truth, kv_capacity_tokens=25, scheduling=LptScheduling())
+def _preemption_rig(policy: str, lpt: bool):
+    # 25 blocks, prompts of 10, prefill 1 tick per token: 0 and 1 run; 2 (13-token prompt)
+    # arrives at 25; at 40 sample 1 preempts itself (3 tokens done); 0 ends at 60
+    truth = {0: 5, 1: 4, 2: 1}
+    rig = make_rig(
+        truth, prefill=lambda tokens: tokens, kv_capacity_tokens=25,
+        scheduling=LptScheduling() if lpt else None, scheduling_policy=policy,
+    )  # fmt: skip
     rig.submit_at(0, [request(0, 100.0), request(1, 50.0)])
     rig.submit_at(25, [request(2, 1000.0, prompt_tokens=13)])
     rig.run()
-    assert rig.ticks() == {0: (0, 40), 1: (0, 50), 2: (50, 60)}
+    return rig
+
+
+def test_priority_policy_readmits_a_preempted_request_by_its_priority():
+    # vLLM's priority queue: 2 (predicted 1000) goes before the preempted 1 (predicted 50),
+    # 60–73. Its 13 blocks evict the least recently freed cached ones first: 1's (freed at
+    # 40) before 0's prompt (freed at 60), so 1 keeps 2 cached blocks and prefills 11
+    # tokens again, 73–84
+    rig = _preemption_rig("priority", lpt=True)
+    assert rig.ticks() == {0: (0, 60), 2: (60, 73), 1: (0, 84)}
+
+
+def test_fcfs_policy_readmits_a_preempted_request_first():
+    rig = _preemption_rig("fcfs", lpt=False)
+    assert rig.ticks() == {0: (0, 60), 1: (0, 62), 2: (62, 75)}
 
 
 # -- in-flight weight updates ---------------------------------------------------------------------
@@ -203,8 +298,9 @@ def test_barrier_loads_only_when_idle_after_the_background_transfer():
     rig.push_at(35, 1, BARRIER, pause_ticks=7, transfer_ticks=20)
     rig.submit_at(50, [request(1)])  # admission continues while the weights travel
     rig.run()
-    assert rig.ticks() == {1: (50, 70), 0: (0, 100)}
-    assert rig.loads == [(107, 0, 1)]
+    # 50–70 0 decodes while 1 prefills; 1 ends at 80, 0 at 110; then the load, 110–117
+    assert rig.ticks() == {1: (50, 80), 0: (0, 110)}
+    assert rig.loads == [(117, 0, 1)]
     assert _versions(rig) == {0: (0, 0), 1: (0, 0)}
 
 

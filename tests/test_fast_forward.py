@@ -47,15 +47,22 @@ pushes = st.lists(
 def engine_scenarios(draw):
     coeffs = [draw(st.integers(0, 60)) for _ in range(6)]
     reqs = draw(arrivals)
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
     largest = max(p + t for _, p, t, _ in reqs)
+    max_num_seqs = draw(st.integers(1, 6))
     return {
         "coeffs": coeffs,
         "prefill": (draw(st.integers(0, 50)), draw(st.integers(0, 3))),
         "reqs": reqs,
         "pushes": sorted(draw(pushes)),
-        "max_num_seqs": draw(st.integers(1, 6)),
-        "kv_capacity_tokens": largest + 2 + draw(st.integers(0, 300)),
+        "max_num_seqs": max_num_seqs,
+        "kv_capacity_tokens": largest + block_size + draw(st.integers(0, 300)),
         "lpt": draw(st.booleans()),
+        "block_size": block_size,
+        "max_num_batched_tokens": max_num_seqs + draw(st.integers(0, 60)),
+        "prefix_caching": draw(st.booleans()),
+        "policy": draw(st.sampled_from(["priority", "fcfs"])),
+        "group_size": draw(st.sampled_from([1, 2, 4])),
     }
 
 
@@ -77,9 +84,15 @@ def _run_engine(sc: dict, fast_forward: bool):
         scheduling=LptScheduling() if sc["lpt"] else FcfsScheduling(),
         fast_forward=fast_forward,
         resubmit_aborted=True,
+        block_size=sc.get("block_size", 1),
+        max_num_batched_tokens=sc.get("max_num_batched_tokens", 10**6),
+        enable_prefix_caching=sc.get("prefix_caching", True),
+        scheduling_policy=sc.get("policy", "priority"),
     )
+    group = sc.get("group_size", 1)
     for i, (tick, prompt, _, predicted) in enumerate(sc["reqs"]):
-        rig.submit_at(tick, [request(i, float(predicted), prompt_tokens=prompt)])
+        r = request(i, float(predicted), prompt_tokens=prompt, group_size=group)
+        rig.submit_at(tick, [r])
     for version, (tick, inflight, pause, transfer) in enumerate(sc["pushes"], start=1):
         rig.push_at(tick, version, inflight, pause, transfer)
     rig.run()

@@ -96,18 +96,18 @@ def _ptl_note(frame: pd.DataFrame, eff: object) -> str:
     top = frame.iloc[-1]
     ratio = top[first] / top["published_ms"]
     return (
-        "Only efficiency factors are fitted to this curve (`sim.calibration.fit_ptl_profile`, "
-        "least squares on relative error): a per-step overhead of "
-        f"{eff.step_overhead_s * 1e3:.2f} ms and {eff.decode_compute:.3f} of peak decode "
-        f"FLOP/s, with {eff.decode_memory:.1f} of peak HBM bandwidth assumed; FLOP/s, HBM "
-        "bandwidth, weights and KV bytes come from hardware.csv and models.csv, and compute "
-        "and memory time add (the published profile is flat, then linear, not a max). "
-        f"Without KV reads the fit reproduces every published point within "
-        f"{fit.max_relative_error:.1%}. The curves with context add the KV reads the profile "
-        "does not specify: at batch "
-        f"{int(top['batch_size'])} and {CONTEXTS_PER_SEQ[1]} tokens of context per sequence "
-        f"ours is {ratio:.2f}× the published step; long contexts make decode KV-bound, which "
-        "is what the end-to-end runs below see."
+        "Only the per-step overhead is fitted to this curve (`sim.calibration.fit_ptl_profile`, "
+        f"least squares on relative error): {eff.step_overhead_s * 1e3:.2f} ms, with the GEMM "
+        f"efficiencies fitted to Vidur's measured H100 GEMM profiles ({eff.gemm_compute:.3f} "
+        f"of peak FLOP/s, weights streamed at {eff.gemm_memory:.2f} of peak HBM bandwidth, "
+        f"their smooth maximum with p = {eff.gemm_overlap:.2f}) and KV reads at "
+        f"{eff.kv_memory:.1f} of peak bandwidth assumed; FLOP/s, HBM bandwidth, weights and KV "
+        "bytes come from hardware.csv and models.csv. The profile does not say how much "
+        f"context its sequences held: the fit puts it at {fit.context_tokens:.0f} tokens per "
+        f"sequence and then reproduces every published point within {fit.max_relative_error:.1%}. "
+        f"The curves add other contexts: at batch {int(top['batch_size'])} and "
+        f"{CONTEXTS_PER_SEQ[1]} tokens per sequence ours is {ratio:.2f}× the published step; "
+        "long contexts make decode KV-bound, which is what the end-to-end runs below see."
     )
 
 
