@@ -181,6 +181,21 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scheduler_trace(args: argparse.Namespace) -> int:
+    from experiments.scheduler_fidelity import run_scheduler_trace
+    from runtime.model import ensure_tiny_model
+
+    for c in run_scheduler_trace(str(ensure_tiny_model(0)), Path(args.out), args.seed):
+        errors = ", ".join(f"{k} {v:.1%}" for k, v in c.relative_errors().items())
+        console.print(
+            f"{c.case}: steps {c.vllm_steps} vLLM / {c.sim_steps} sim, preemptions "
+            f"{c.vllm_preemptions} / {c.sim_preemptions}, mean running {c.vllm_mean_running:.2f}"
+            f" / {c.sim_mean_running:.2f} ({errors}; identical steps: {c.identical})"
+        )
+    console.print(f"report in [bold]{args.out}[/bold]")
+    return 0
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from experiments.reproduce import reproduce
 
@@ -288,6 +303,13 @@ def _add_live_commands(sub: argparse._SubParsersAction) -> None:
         "--report-only", action="store_true", help="rewrite the report of the cases in --out"
     )
     fid.set_defaults(func=cmd_fidelity)
+
+    trace = sub.add_parser(
+        "scheduler-trace", help="the simulator's engine against real vLLM, step by step"
+    )
+    trace.add_argument("--out", required=True, help="report directory")
+    trace.add_argument("--seed", type=int, default=0, help="seed of the trace")
+    trace.set_defaults(func=cmd_scheduler_trace)
 
     model = sub.add_parser("model", help="the embedded tiny model")
     model.add_argument("action", choices=["path"])

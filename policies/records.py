@@ -187,3 +187,23 @@ class Span:
     end_s: float
     iteration: int | None = None
     batch_size: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class TraceRequest:
+    """One request of a scheduler trace: fixed prompt and output lengths (``ignore_eos``)."""
+
+    prompt_tokens: int
+    output_tokens: int
+    prompt_group: int  # requests of one group have the same prompt (GRPO siblings)
+    priority: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerStep:
+    """What one engine step scheduled (a real vLLM engine's, or the simulator's)."""
+
+    num_requests: int  # requests computing in this step
+    num_tokens: int  # tokens they compute (one per decode, a chunk per prefill)
+    num_new: int  # requests scheduled for the first time
+    num_preempted: int  # requests preempted in this step

