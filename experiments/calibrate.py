@@ -49,3 +49,41 @@ def calibrate(profile_dir: Path, out: Path) -> dict[str, OperatorCalibration]:
     for name, c in fits.items():
         parity_plot(c, out / f"parity-{name}.png")
     return fits
+
+
+def calibrate_from_vidur(root: Path, out: Path) -> str:
+    """Fit the roofline's GEMM efficiencies to Vidur's profiles under ``root``; write
+    ``efficiency.json`` (load it with ``sim.cost_model: roofline:OUT``), ``heldout.csv``
+    (median / 90th-percentile relative error per operator, form, fitting GPU and held-out
+    GPU or rows) and ``report.md``. Returns the report's text."""
+    from sim.vidur import EFFICIENCY_FILE, calibrate_vidur
+
+    cal = calibrate_vidur(root)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / EFFICIENCY_FILE, json.dumps(cal.efficiency(), indent=2).encode())
+    write_atomic(out / "heldout.csv", cal.heldout.to_csv(index=False).encode())
+    text = vidur_report(cal)
+    write_atomic(out / "report.md", text.encode())
+    return text
+
+
+def vidur_report(cal) -> str:  # cal: sim.vidur.VidurCalibration
+    e = cal.efficiency()
+    lines = [
+        "# GEMM efficiencies from Vidur's profiles",
+        "",
+        f"Fitted on {e['source']}: compute {e['gemm_compute']:.4f} of peak FLOP/s, weight "
+        f"streaming {e['gemm_memory']:.4f} of peak HBM bandwidth, smooth-max exponent "
+        f"{e['gemm_overlap']:.3f}, kernel latency {e['kernel_latency_s'] * 1e6:.1f} µs.",
+        "",
+        "Held-out relative error per operator (median / p90), by form:",
+        "",
+        "| form | fitted on | split | GPU | operator | median | p90 |",
+        "|---|---|---|---|---|---:|---:|",
+    ]
+    for r in cal.heldout.itertuples():
+        lines.append(
+            f"| {r.form} | {r.fitted_on} | {r.split} | {r.gpu} | {r.operator} | "
+            f"{r.median:.1%} | {r.p90:.1%} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -40,6 +40,10 @@ def print_summary(result: RunResult, out: Path) -> None:
         value = result.metrics.get(key)
         table.add_row(key, "—" if value is None else f"{value:.4g}")
     console.print(table)
+    if "sim_wall_s" in result.metrics:
+        from sim.costs import describe_cost_model
+
+        console.print(f"cost model: {describe_cost_model(result.spec)}")
     console.print(f"results in [bold]{out}[/bold]")
 
 
@@ -127,8 +131,14 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from experiments.calibrate import calibrate
+    from experiments.calibrate import calibrate, calibrate_from_vidur
 
+    if args.source == "vidur":
+        console.print(calibrate_from_vidur(Path(args.profile_dir), Path(args.out)))
+        console.print(
+            f"efficiencies in [bold]{args.out}[/bold] (use sim.cost_model=roofline:{args.out})"
+        )
+        return 0
     fits = calibrate(Path(args.profile_dir), Path(args.out))
     table = Table(title="held-out error per operator")
     for col in ("operator", "model", "held-out MAPE"):
@@ -280,8 +290,15 @@ def _add_live_commands(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=cmd_serve)
 
     calib = sub.add_parser("calibrate", help="fit the simulator's cost model to a profile")
-    calib.add_argument("profile_dir")
-    calib.add_argument("--out", required=True, help="directory for cost_model.json and plots")
+    calib.add_argument(
+        "profile_dir", help="a `tandem profile` directory, or Vidur's profiling data"
+    )
+    calib.add_argument(
+        "--from", dest="source", choices=["profile", "vidur"], default="profile",
+        help="profile: the live runtime's (cost_model.json); vidur: the GEMM efficiencies of "
+        "the roofline from Vidur's data/profiling/compute CSVs (efficiency.json)",
+    )  # fmt: skip
+    calib.add_argument("--out", required=True, help="directory for the fit and its plots")
     calib.set_defaults(func=cmd_calibrate)
 
     prof = sub.add_parser("profile", help="measure the live runtime's operators (for calibrate)")

@@ -240,7 +240,11 @@ class EfficiencySection(_Section):
 
 
 class SimSection(_Section):
-    cost_model: str = Field("roofline", description="'roofline' or 'profiled:PATH'")
+    cost_model: str = Field(
+        "roofline",
+        description="'roofline' (efficiencies below), 'roofline:DIR' (GEMM efficiencies from "
+        "`tandem calibrate --from vidur`) or 'profiled:PATH' (a live profile's calibration)",
+    )
     efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
     fast_forward: bool = True
     instance_start_s: float = Field(60.0, ge=0, description="elastic: time to start an instance")
@@ -248,8 +252,8 @@ class SimSection(_Section):
     @field_validator("cost_model")
     @classmethod
     def _known_cost_model(cls, value: str) -> str:
-        if value != "roofline" and not value.startswith("profiled:"):
-            raise ValueError("must be 'roofline' or 'profiled:PATH'")
+        if value != "roofline" and not value.startswith(("profiled:", "roofline:")):
+            raise ValueError("must be 'roofline', 'roofline:DIR' or 'profiled:PATH'")
         return value
 
 

@@ -212,14 +212,22 @@ class ProfiledCostModel(RooflineCostModel):
         return decode + roofline - without_prefill
 
 
+def efficiency_of(spec: RunSpec) -> EfficiencySection:
+    """``sim.efficiency``, with the GEMM terms of a ``roofline:DIR`` calibration if named."""
+    if not spec.sim.cost_model.startswith("roofline:"):
+        return spec.sim.efficiency
+    from sim.vidur import load_efficiency
+
+    gemm = load_efficiency(Path(spec.sim.cost_model.removeprefix("roofline:")))
+    return spec.sim.efficiency.model_copy(update=gemm)
+
+
 def build_cost_model(spec: RunSpec) -> SimCostModel:
-    if spec.sim.cost_model == "roofline":
+    if spec.sim.cost_model.startswith("roofline"):
         return RooflineCostModel(
-            model_for(spec.model),
-            spec.sim.efficiency,
-            spec.algorithm.name,
+            model_for(spec.model), efficiency_of(spec), spec.algorithm.name,
             spec.algorithm.kl_coef > 0,
-        )
+        )  # fmt: skip
     path = Path(spec.sim.cost_model.removeprefix("profiled:"))
     if not path.exists():
         raise ValueError(f"sim.cost_model: profile {path} does not exist")
@@ -230,9 +238,20 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
 
         return CalibratedCostModel.load(path)
     return ProfiledCostModel(
-        path,
-        model_for(spec.model),
-        spec.sim.efficiency,
-        spec.algorithm.name,
+        path, model_for(spec.model), spec.sim.efficiency, spec.algorithm.name,
         spec.algorithm.kl_coef > 0,
+    )  # fmt: skip
+
+
+def describe_cost_model(spec: RunSpec) -> str:
+    """One line for a run's summary: calibrated from measurements, or roofline only."""
+    kind = spec.sim.cost_model
+    if kind.startswith("profiled:"):
+        return f"calibrated on a measured profile ({kind.removeprefix('profiled:')})"
+    source = (
+        f"GEMM efficiencies calibrated from {kind.removeprefix('roofline:')}"
+        if kind.startswith("roofline:")
+        else "shipped efficiencies (GEMMs fitted to Vidur's H100 profiles, step overhead to "
+        "StreamRL's H800 decode profile)"
     )
+    return f"roofline-only from hardware.csv and the model's shape; {source}"

@@ -19,6 +19,7 @@ the fitting GPU's rows.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class GemmFit:
         return _predict(x, frame, self.form) + self.kernel_latency_s
 
 
-def _gemm_params(frame: pd.DataFrame, operator: str) -> pd.Series:
+def gemm_params(frame: pd.DataFrame, operator: str) -> pd.Series:
     """Weights of one linear layer (per tensor-parallel worker)."""
     h, f = frame["n_embd"], frame["n_expanded_embd"]
     head_dim = h / frame["n_head"]
@@ -80,7 +81,7 @@ def load_vidur_gemms(root: Path) -> pd.DataFrame:
                     {
                         "gpu": gpu, "model": model, "operator": op,
                         "tp": raw["num_tensor_parallel_workers"], "tokens": raw["num_tokens"],
-                        "params": _gemm_params(raw, op),
+                        "params": gemm_params(raw, op),
                         "time_s": raw[f"time_stats.{op}.median"] * 1e-3,
                         "flops": hw.bf16_flops, "bytes_per_s": hw.hbm_bytes_per_s,
                     }
@@ -151,6 +152,45 @@ def heldout_report(frame: pd.DataFrame, fit_gpu: str, seed: int = 0) -> pd.DataF
         ):
             if part.empty:
                 continue
-            table = error_table(fit, part).assign(form=form, split=kind)
+            table = error_table(fit, part).assign(form=form, split=kind, fitted_on=fit_gpu)
             rows.append(table)
     return pd.concat(rows, ignore_index=True)
+
+
+EFFICIENCY_FILE = "efficiency.json"  # in a ``tandem calibrate --from vidur`` directory
+
+
+@dataclass(slots=True, frozen=True)
+class VidurCalibration:
+    fit: GemmFit  # the smooth maximum, fitted on every GPU found: what the roofline uses
+    heldout: pd.DataFrame  # every form fitted on one GPU, errors elsewhere (heldout_report)
+
+    def efficiency(self) -> dict[str, object]:
+        """The GEMM terms of ``sim.efficiency``, with where they came from."""
+        return {
+            "gemm_compute": self.fit.gemm_compute,
+            "gemm_memory": self.fit.gemm_memory,
+            "gemm_overlap": self.fit.gemm_overlap,
+            "source": f"Vidur GEMM profiles of {', '.join(self.fit.fitted_on)}",
+            "kernel_latency_s": self.fit.kernel_latency_s,
+        }
+
+
+def calibrate_vidur(root: Path) -> VidurCalibration:
+    frame = load_vidur_gemms(root)
+    gpus = sorted(frame["gpu"].unique())
+    heldout = pd.concat([heldout_report(frame, gpu) for gpu in gpus], ignore_index=True)
+    return VidurCalibration(fit_gemm_efficiency(frame), heldout)
+
+
+def load_efficiency(path: Path) -> dict[str, float]:
+    """The GEMM efficiencies a ``tandem calibrate --from vidur`` directory holds."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / EFFICIENCY_FILE
+    if not path.exists():
+        raise ValueError(
+            f"sim.cost_model: {path} does not exist (run tandem calibrate --from vidur)"
+        )
+    data = json.loads(path.read_text())
+    return {k: float(data[k]) for k in ("gemm_compute", "gemm_memory", "gemm_overlap")}
