@@ -191,6 +191,17 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy_effects(args: argparse.Namespace) -> int:
+    from experiments.policy_effects import run_policy_effects
+
+    text = run_policy_effects(
+        Path(args.cost_model), Path(args.out), range(args.seeds), args.requests
+    )
+    console.print(text)
+    console.print(f"report in [bold]{args.out}[/bold]")
+    return 0
+
+
 def cmd_scheduler_trace(args: argparse.Namespace) -> int:
     from experiments.scheduler_fidelity import run_scheduler_trace
     from runtime.model import ensure_tiny_model
@@ -327,6 +338,15 @@ def _add_live_commands(sub: argparse._SubParsersAction) -> None:
     trace.add_argument("--out", required=True, help="report directory")
     trace.add_argument("--seed", type=int, default=0, help="seed of the trace")
     trace.set_defaults(func=cmd_scheduler_trace)
+
+    effects = sub.add_parser(
+        "policy-effects", help="dispatch and instance-count savings, live and in the sim"
+    )
+    effects.add_argument("--cost-model", required=True, help="a `tandem calibrate` directory")
+    effects.add_argument("--out", required=True, help="report directory")
+    effects.add_argument("--seeds", type=int, default=3, help="paired seeds (workloads)")
+    effects.add_argument("--requests", type=int, default=96, help="requests per workload")
+    effects.set_defaults(func=cmd_policy_effects)
 
     model = sub.add_parser("model", help="the embedded tiny model")
     model.add_argument("action", choices=["path"])

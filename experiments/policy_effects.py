@@ -1,0 +1,272 @@
+"""``tandem policy-effects``: what dispatch and instance count save, live and in the sim.
+
+Generation only (no trainer): a skewed workload of fixed output lengths (``ignore_eos``,
+per-request ``max_tokens``; most answers short, a fifth 10-50x longer), all dispatched at
+once, is generated
+
+* on two vLLM-CPU servers, one core each, with ``random``, ``least-loaded`` and
+  ``skewness-aware`` + LPT dispatch (oracle lengths), and
+* on one server (``least-loaded``: everything on it),
+
+live and in the simulator (the same assignments, engines with the servers' limits and a
+cost model calibrated on a ``tandem profile`` of this machine). Savings are makespan
+ratios: each policy against ``random``, two servers against one. Cases alternate within
+every seed so slow drifts of the host hit all of them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from policies.dispatch import DISPATCH
+from policies.protocols import CostModel, Device
+from policies.records import InstanceView, Request
+from policies.scheduling import SCHEDULING
+from runtime.tasks import TaskSet
+
+
+@dataclass(slots=True, frozen=True)
+class EffectCase:
+    name: str
+    num_servers: int
+    dispatch: str
+    scheduling: str
+
+
+CASES = (
+    EffectCase("random", 2, "random", "fcfs"),
+    EffectCase("least-loaded", 2, "least-loaded", "fcfs"),
+    EffectCase("skewness-aware+lpt", 2, "skewness-aware", "lpt"),
+    EffectCase("one-server", 1, "least-loaded", "fcfs"),
+)
+
+
+@dataclass(slots=True, frozen=True)
+class ServerLimits:
+    """What the engines of the experiment allow (the live servers' vLLM settings)."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # vLLM's CPU default
+    block_size: int = 128  # vLLM's CPU default
+    max_model_len: int = 512
+
+
+def skewed_requests(
+    seed: int, num_requests: int = 96, long_fraction: float = 0.2, max_model_len: int = 512
+) -> list[Request]:
+    """Task prompts with fixed lengths: short 8-40 tokens, a ``long_fraction`` 160-400."""
+    tasks = TaskSet(seed, max(256, num_requests), 128)
+    rng = random.Random(seed)
+    requests = []
+    for i in range(num_requests):
+        prompt = tasks[i]
+        long = rng.random() < long_fraction
+        length = rng.randint(160, 400) if long else rng.randint(8, 40)
+        length = min(length, max_model_len - prompt.prompt_tokens - 1)
+        requests.append(
+            Request(
+                i, prompt.prompt_id, i, 0, prompt.prompt_tokens, length, float(length), prompt.text
+            )
+        )
+    return requests
+
+
+def views(num_servers: int, limits: ServerLimits) -> list[InstanceView]:
+    return [
+        InstanceView(
+            i, "cpu", 1, "dc0", limits.max_num_seqs, limits.max_num_seqs * limits.max_model_len
+        )
+        for i in range(num_servers)
+    ]
+
+
+def assign(
+    case: EffectCase, requests: Sequence[Request], limits: ServerLimits, cost: CostModel, seed: int
+) -> dict[int, list[Request]]:
+    """The case's dispatch of every request at once: instance id -> its requests."""
+    policy = DISPATCH.create_from(
+        case.dispatch,
+        {"rng": np.random.default_rng(seed), "cost_model": cost, "objective": "sum",
+         "long_tail_fraction": 0.2},
+    )  # fmt: skip
+    out: dict[int, list[Request]] = {v.instance_id: [] for v in views(case.num_servers, limits)}
+    for r, target in zip(requests, policy.assign(requests, views(case.num_servers, limits))):
+        out[target].append(r)
+    return out
+
+
+def priorities(case: EffectCase, requests: Sequence[Request]) -> list[int]:
+    """vLLM priorities (smaller first) of the case's scheduling policy."""
+    policy = SCHEDULING.create_from(case.scheduling, {})
+    return [int(round(policy.priority(r))) for r in requests]
+
+
+# -- live ---------------------------------------------------------------------------------
+
+
+async def live_makespan_s(
+    urls: Sequence[str], case: EffectCase, assignment: dict[int, list[Request]]
+) -> float:
+    """Generate ``assignment`` on the servers at ``urls``; seconds to the last completion."""
+    from runtime.gen_client import GenerationClient
+
+    clients = [GenerationClient(i, urls[i], 1.0) for i in assignment]
+    start = time.perf_counter()
+    ends: list[float] = []
+
+    async def one(client: GenerationClient, requests: list[Request]) -> None:
+        seeds = [1000 + r.sample_id for r in requests]
+        stream = client.stream(
+            requests, 0.0, time.perf_counter, priorities(case, requests), seeds, ignore_eos=True
+        )
+        async for out in stream:
+            if out.completion.output_tokens != out.completion.request.max_tokens:
+                raise RuntimeError(f"sample {out.completion.sample_id}: length not as asked")
+            ends.append(time.perf_counter())
+
+    try:
+        await asyncio.gather(
+            *(one(c, assignment[c.instance_id]) for c in clients if assignment[c.instance_id])
+        )
+    finally:
+        for c in clients:
+            await c.aclose()
+    return max(ends) - start
+
+
+# -- sim ----------------------------------------------------------------------------------
+
+
+def sim_makespan_s(
+    case: EffectCase, assignment: dict[int, list[Request]], limits: ServerLimits, cost
+) -> float:
+    """The same assignment on simulated engines with the servers' limits."""
+    from sim.generation import simulate_generation
+    from sim.sequence import NULL_BLOCKS, EngineLimits
+
+    device = Device("cpu", 1)
+    engine = EngineLimits(
+        max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
+        block_size=limits.block_size,
+        num_blocks=cost.kv_capacity_tokens(device) // limits.block_size - NULL_BLOCKS,
+    )  # fmt: skip
+    scheduling = SCHEDULING.create_from(case.scheduling, {})
+    result = simulate_generation(
+        assignment, engine, cost, device, scheduling, lambda r: r.max_tokens
+    )
+    return result.makespan_s
+
+
+# -- the experiment -----------------------------------------------------------------------
+
+
+def measure(
+    urls: Sequence[str], cost, seeds: Sequence[int], limits: ServerLimits, num_requests: int = 96
+) -> pd.DataFrame:
+    """One row per (seed, case): live and simulated makespans. Cases rotate per seed."""
+    rows = []
+    for k, seed in enumerate(seeds):
+        requests = skewed_requests(seed, num_requests, max_model_len=limits.max_model_len)
+        order = list(CASES[k % len(CASES) :]) + list(CASES[: k % len(CASES)])
+        for case in order:
+            assignment = assign(case, requests, limits, cost, seed)
+            live = asyncio.run(live_makespan_s(urls, case, assignment))
+            sim = sim_makespan_s(case, assignment, limits, cost)
+            rows.append({"seed": seed, "case": case.name, "live_makespan_s": live, "sim_makespan_s": sim,
+                         "requests_per_server": [len(v) for v in assignment.values()]})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def savings(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per seed: each policy's saving against random, two servers' against one (fractions)."""
+    out = []
+    for seed, g in frame.groupby("seed"):
+        by = g.set_index("case")
+        pairs = [(c.name, "random") for c in CASES[1:3]] + [("least-loaded", "one-server")]
+        for case, base in pairs:
+            row = {"seed": seed, "saving": f"{case} vs {base}"}
+            for side in ("live", "sim"):
+                row[side] = (
+                    1.0 - by.loc[case, f"{side}_makespan_s"] / by.loc[base, f"{side}_makespan_s"]
+                )
+            out.append(row)
+    result = pd.DataFrame(out)
+    result["error_pp"] = 100 * (result["sim"] - result["live"]).abs()
+    return result
+
+
+def write_report(frame: pd.DataFrame, out: Path) -> str:
+    from policies.results import write_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    s = savings(frame)
+    write_atomic(out / "makespans.csv", frame.to_csv(index=False).encode())
+    write_atomic(out / "savings.csv", s.to_csv(index=False).encode())
+    mean = s.groupby("saving")[["live", "sim", "error_pp"]].mean()
+    live_order = list(mean.sort_values("live").index)
+    sim_order = list(mean.sort_values("sim").index)
+    lines = [
+        "| saving | live (mean) | sim (mean) | |sim − live| (pp, mean / max) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, row in mean.iterrows():
+        worst = s[s["saving"] == name]["error_pp"].max()
+        lines.append(
+            f"| {name} | {row['live']:.1%} | {row['sim']:.1%} | {row['error_pp']:.1f} / {worst:.1f} |"
+        )
+    lines.append("")
+    lines.append(
+        f"order of the savings — live: {live_order}; sim: {sim_order}; same: {live_order == sim_order}"
+    )
+    text = "\n".join(lines) + "\n"
+    write_atomic(out / "report.md", text.encode())
+    return text
+
+
+def run_policy_effects(
+    cost_model_dir: Path, out: Path, seeds: Sequence[int], num_requests: int = 96
+) -> str:
+    """Start two servers (engine cores 0 and 1), warm them up, measure, report."""
+    import tempfile
+
+    import httpx
+
+    from policies.calibrated import cost_model_path
+    from runtime.model import ensure_tiny_model
+    from runtime.procs import free_port, start_server, stop_server, wait_healthy
+    from runtime.profile_bursts import warm_up
+    from sim.calibrated import CalibratedCostModel
+
+    cost = CalibratedCostModel.load(cost_model_path(cost_model_dir, "--cost-model"))
+    limits = ServerLimits()
+    model_dir = str(ensure_tiny_model(0))
+    logs = Path(tempfile.mkdtemp(prefix="policy-effects-"))
+    servers = []
+    try:
+        for i in range(2):
+            servers.append(start_server(
+                i, model_dir, "127.0.0.1", free_port(), "policy-effects", [i], 1.0,
+                limits.max_model_len, limits.max_num_seqs, logs,
+            ))  # fmt: skip
+        for s in servers:
+            wait_healthy(s)
+
+        async def warm() -> None:
+            for s in servers:
+                async with httpx.AsyncClient(base_url=s.base_url, timeout=600.0) as http:
+                    await warm_up(http, TaskSet(0, 256, 128), 1.0)
+
+        asyncio.run(warm())
+        frame = measure([s.base_url for s in servers], cost, seeds, limits, num_requests)
+    finally:
+        for s in servers:
+            stop_server(s)
+    return write_report(frame, out)
