@@ -160,7 +160,7 @@ def sim_makespan_s(
     )  # fmt: skip
     scheduling = SCHEDULING.create_from(case.scheduling, {})
     result = simulate_generation(
-        assignment, engine, cost, device, scheduling, lambda r: r.max_tokens
+        assignment, engine, cost, device, scheduling, lambda r: r.max_tokens, shared_host=True
     )
     return result.makespan_s
 
@@ -169,19 +169,36 @@ def sim_makespan_s(
 
 
 def measure(
-    urls: Sequence[str], cost, seeds: Sequence[int], limits: ServerLimits, num_requests: int = 96
+    urls: Sequence[str],
+    cost,
+    seeds: Sequence[int],
+    limits: ServerLimits,
+    num_requests: int = 96,
+    repeats: int = 3,
 ) -> pd.DataFrame:
-    """One row per (seed, case): live and simulated makespans. Cases rotate per seed."""
+    """One row per (seed, case): the median live makespan of ``repeats`` runs (the cases
+    alternate, in a rotated order per repeat) and the simulated one. One unmeasured case
+    first: a server's first batches after start-up run slower."""
     rows = []
-    for k, seed in enumerate(seeds):
+    for seed in seeds:
         requests = skewed_requests(seed, num_requests, max_model_len=limits.max_model_len)
-        order = list(CASES[k % len(CASES) :]) + list(CASES[: k % len(CASES)])
-        for case in order:
-            assignment = assign(case, requests, limits, cost, seed)
-            live = asyncio.run(live_makespan_s(urls, case, assignment))
-            sim = sim_makespan_s(case, assignment, limits, cost)
-            rows.append({"seed": seed, "case": case.name, "live_makespan_s": live, "sim_makespan_s": sim,
-                         "requests_per_server": [len(v) for v in assignment.values()]})  # fmt: skip
+        assignments = {c.name: assign(c, requests, limits, cost, seed) for c in CASES}
+        if seed == seeds[0]:
+            asyncio.run(live_makespan_s(urls, CASES[0], assignments[CASES[0].name]))
+        live: dict[str, list[float]] = {c.name: [] for c in CASES}
+        for k in range(repeats):
+            for case in CASES[k % len(CASES) :] + CASES[: k % len(CASES)]:
+                live[case.name].append(
+                    asyncio.run(live_makespan_s(urls, case, assignments[case.name]))
+                )
+        for case in CASES:
+            assignment = assignments[case.name]
+            rows.append({
+                "seed": seed, "case": case.name, "live_makespan_s": float(np.median(live[case.name])),
+                "live_runs_s": [round(x, 4) for x in live[case.name]],
+                "sim_makespan_s": sim_makespan_s(case, assignment, limits, cost),
+                "requests_per_server": [len(v) for v in assignment.values()],
+            })  # fmt: skip
     return pd.DataFrame(rows)
 
 

@@ -62,6 +62,7 @@ class EngineHooks:
     weights_loaded: Callable[[int, int], None]  # instance id, version
     aborted: Callable[[int, list[Request]], None]
     span: Callable[[Span], None]
+    busy: Callable[[int, bool], None] | None = None  # instance id, has work now (on changes)
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,6 +105,7 @@ class GenerationEngine:
         self.scheduler = Scheduler(config.limits)
         self._wake: simpy.Event | None = None
         self._update: PendingUpdate | None = None
+        self.working = False  # has requests to run (reported through hooks.busy)
         self.name = f"gen-{config.instance_id}"
 
     # -- inputs -----------------------------------------------------------------------
@@ -164,12 +166,21 @@ class GenerationEngine:
                 continue
             admit = self._admitting()
             run_steps = self.scheduler.decode_run(admit)
+            working = bool(run_steps or self.scheduler.num_running)
+            working = working or bool(admit and self.scheduler.num_waiting)
+            self._report_busy(working)
             if run_steps:
                 yield from self._decode_run(run_steps)
-            elif self.scheduler.num_running or (admit and self.scheduler.num_waiting):
+            elif working:
                 yield from self._step(admit)
             else:
                 yield from self._idle()
+
+    def _report_busy(self, working: bool) -> None:
+        if working != self.working:
+            self.working = working
+            if self._hooks.busy is not None:
+                self._hooks.busy(self.config.instance_id, working)
 
     def _admitting(self) -> bool:
         return self._update is None or self._update.inflight != InflightHandling.DRAIN

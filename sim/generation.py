@@ -34,22 +34,38 @@ def simulate_generation(
     device: Device,
     scheduling: SchedulingPolicy,
     truth: Callable[[Request], int],
+    shared_host: bool = False,
 ) -> GenerationResult:
-    """Run ``assignment`` (instance id -> its requests, in dispatch order) to the end."""
+    """Run ``assignment`` (instance id -> its requests, in dispatch order) to the end.
+
+    ``shared_host``: the instances are engines on one host (one core each, as the live
+    CPU servers): while more than one has work, each decodes at the cost model's contended
+    law (``decode_slowdown``, profiled with the host's other core busy); a cost model
+    without one never contends."""
     env = simpy.Environment()
     done: list[Completion] = []
+    contended = cost.contended_decode_law(device, 1) is not None
     costs = StepCosts(
         law=lambda n: cost.decode_law(device, n),
         mixed=lambda work: to_ticks(cost.mixed_step_s(device, work)),
+        contended_law=(lambda n: cost.contended_decode_law(device, n)) if contended else None,
     )
+    engines: dict[int, GenerationEngine] = {}
+
+    def busy(instance_id: int, working: bool) -> None:
+        many = sum(e.working for e in engines.values()) > 1
+        for e in engines.values():
+            e.set_contended(shared_host and many)
+
     hooks = EngineHooks(
         finished=done.append,
         weights_loaded=lambda i, v: None,
         aborted=lambda i, requests: None,
         span=lambda span: None,
+        busy=busy,
     )
     for instance_id, requests in assignment.items():
-        engine = GenerationEngine(
+        engine = engines[instance_id] = GenerationEngine(
             env, EngineConfig(instance_id, limits), costs, scheduling, truth, hooks
         )
         env.process(engine.run())
