@@ -6,7 +6,18 @@ return a cluster without importing the spec (which lists their names).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_GPUS = 16_384  # per pool: the balanced split tries every size (~8 s at this bound)
+MAX_SEQS = 65_536  # max_num_seqs of one instance
+
+
+def count(default: Any, *, ge: int = 0, le: int | None = None, **kw: Any) -> Any:
+    """A whole-number spec field: strict (``true`` or ``2.0`` is an error, not 1 or 2) and,
+    with ``le``, bounded so that a typo of a few zeros fails at once instead of running."""
+    return Field(default, strict=True, ge=ge, le=le, **kw)
 
 
 class Section(BaseModel):
@@ -19,10 +30,10 @@ class GenerationPool(Section):
     """A set of identical generation instances in one datacenter."""
 
     hardware: str = "H800"
-    num_gpus: int = Field(16, ge=1)
-    tp: int = Field(1, ge=1, description="GPUs per instance (tensor parallelism)")
+    num_gpus: int = count(16, ge=1, le=MAX_GPUS)
+    tp: int = count(1, ge=1, le=MAX_GPUS, description="GPUs per instance (tensor parallelism)")
     datacenter: str = "dc0"
-    max_num_seqs: int = Field(256, ge=1, description="vLLM max running sequences")
+    max_num_seqs: int = count(256, ge=1, le=MAX_SEQS, description="vLLM max running sequences")
 
     @model_validator(mode="after")
     def _whole_instances(self) -> GenerationPool:
@@ -37,7 +48,7 @@ class GenerationPool(Section):
 
 class TrainerPool(Section):
     hardware: str = "H800"
-    num_gpus: int = Field(16, ge=1)
+    num_gpus: int = count(16, ge=1, le=MAX_GPUS)
     datacenter: str = "dc0"
 
 
