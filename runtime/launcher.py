@@ -217,6 +217,8 @@ async def _run(
         for c in clients.values():
             await c.aclose()
     result = _result(spec, recorder, end_s, len(ids))
+    lost = [f for f in run_dir.faults() if f["event"] == "lost"]
+    result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
     result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
     return result
 
@@ -280,7 +282,6 @@ def _result(spec: RunSpec, recorder: Recorder, end_s: float, num_instances: int)
         mode_of(spec).colocated, spec.run.iterations, None,
     )  # fmt: skip
     metrics["live_wall_s"] = end_s
-    metrics["num_servers_lost"] = sum(1 for f in recorder.faults if f.event == "lost")
     rewards = [s["mean_reward"] for s in recorder.steps if s.get("mean_reward") is not None]
     metrics["mean_reward_first_fifth"], metrics["mean_reward_last_fifth"] = _fifths(rewards)
     return RunResult(spec, metrics, samples, spans, steps=list(recorder.steps))

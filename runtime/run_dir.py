@@ -100,8 +100,12 @@ class RunDir:
         """``logs/processes.json``: the pid of each process the run started."""
         write_atomic(self.path / "logs" / "processes.json", json.dumps(processes).encode())
 
+    def faults(self) -> list[dict]:
+        """Every fault of the run, all its parts (resumed ones too)."""
+        path = self.path / "faults.json"
+        return json.loads(path.read_text()) if path.exists() else []
+
     def append_fault(self, fault: Any) -> None:
         """Add one fault (a server lost, restarted, rejoined) to faults.json, as it happens."""
-        path = self.path / "faults.json"
-        rows = json.loads(path.read_text()) if path.exists() else []
-        write_atomic(path, json.dumps([*rows, asdict(fault)], indent=2).encode())
+        rows = [*self.faults(), asdict(fault)]
+        write_atomic(self.path / "faults.json", json.dumps(rows, indent=2).encode())

@@ -1,21 +1,21 @@
 """A server killed mid-run costs the run nothing (issue #16, items 3 and 4), on real vLLM.
 
-Two servers of this run's own (the shared one must survive), ``live.restart_servers``.
-After step 1 the frontend of server 1 is killed with SIGKILL, and the step waits (the
-``after_step`` hook) until the server has been restarted; meanwhile server 0 generates
-what server 1 was running. The run must finish with every sample generated and trained
-exactly once under its own id, the loss and the restart recorded, the killed server's
-engine processes gone, and server 1 back at the weight version of the push it rejoined
-with. (About two minutes: two engine starts, then one restart.)
+The run attaches to two servers: the session's shared one (server 0) and one this test
+starts (server 1). After step 1 the frontend of server 1 is killed with SIGKILL; server 0
+generates what server 1 was running. The run must finish with every sample generated and
+trained exactly once under its own id and the loss recorded (naming the process), and
+the killed server's engine core and worker must be gone although nothing but their
+parent-death signal kills them (an attached server's process group is not the run's).
+(One extra engine start, ~40 s. ``live.restart_servers`` is checked without servers in
+tests/test_server_faults.py; docs/reliability.md has a live run of it.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
-import socket
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -23,27 +23,12 @@ import pytest
 
 from policies.spec import load_spec
 from runtime.launcher import run_live
+from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 
 pytestmark = pytest.mark.live
 
 CONFIG = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "live-tiny.yaml"
 STEPS, BATCH = 6, 16
-
-
-def _two_free_ports() -> int:
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = a.getsockname()[1]
-            if base > 65000:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", base + 1))
-                except OSError:
-                    continue
-        return base
-    raise RuntimeError("no two consecutive free ports")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -72,39 +57,49 @@ def _faults(out: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
-@pytest.mark.timeout(900)
-def test_a_killed_server_costs_the_run_nothing_and_comes_back(tmp_path):
+@pytest.fixture
+def second_server(model_dir, token, tmp_path):
+    gen_cores, _ = split_cores(1)
+    proc = start_server(
+        1, model_dir, "127.0.0.1", free_port(), token, gen_cores, 1.0, 512, 64, tmp_path / "s1"
+    )
+    try:
+        wait_healthy(proc, timeout_s=float(os.environ.get("TANDEM_SERVER_TIMEOUT_S", "400")))
+        yield proc
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_server_costs_the_run_nothing(server, token, second_server, tmp_path):
+    out = tmp_path / "run"
     spec = load_spec(
         CONFIG,
         ["pipeline.mode=stream-async", f"run.iterations={STEPS}", f"algorithm.batch_size={BATCH}",
-         "live.num_servers=2", "live.restart_servers=true", f"live.base_port={_two_free_ports()}"],
+         f"live.server_urls=[{server},{second_server.base_url}]", f"live.token={token}"],
     )  # fmt: skip
-    killed: dict = {}
+    frontend = second_server.proc.pid
+    engine = _descendants(frontend)  # vLLM's engine core and worker
 
     async def after_step(step: int) -> None:
-        if step != 1:
-            return
-        frontend = json.loads((tmp_path / "logs" / "processes.json").read_text())["server-1"]
-        killed["engine"] = _descendants(frontend)  # vLLM's engine core and worker
-        os.kill(frontend, signal.SIGKILL)
-        killed["frontend"] = frontend
-        while not any(f["event"] in ("restarted", "restart-failed") for f in _faults(tmp_path)):
-            await asyncio.sleep(0.2)  # server 0 takes over meanwhile
+        if step == 1:
+            os.kill(frontend, signal.SIGKILL)
 
-    run_live(spec, tmp_path, after_step=after_step)
+    run_live(spec, out, after_step=after_step)
 
-    assert len(killed["engine"]) >= 2 and not any(_alive(p) for p in killed["engine"])
-    faults = _faults(tmp_path)
-    events = [(f["event"], f["instance_id"]) for f in faults]
-    assert events == [("lost", 1), ("restarted", 1), ("rejoined", 1)], faults
-    assert "SIGKILL" in faults[0]["detail"] and str(killed["frontend"]) in faults[0]["detail"]
-    samples = pd.read_parquet(tmp_path / "samples.parquet")
+    assert len(engine) >= 2
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in engine):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in engine)  # before: they ran on for minutes
+    faults = _faults(out)
+    assert [(f["event"], f["instance_id"]) for f in faults] == [("lost", 1)], faults
+    assert second_server.base_url in faults[0]["detail"]
+    samples = pd.read_parquet(out / "samples.parquet")
     assert sorted(samples["sample_id"]) == list(range(STEPS * BATCH))  # none lost, none twice
     assert samples["train_step"].value_counts().sort_index().tolist() == [BATCH] * STEPS
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["num_servers_lost"] == 1 and metrics["num_samples_trained"] == STEPS * BATCH
-    back = samples[(samples["instance_id"] == 1) & (samples["gen_start_s"] > faults[2]["time_s"])]
-    assert len(back) > 0 and (back["version_start"] >= faults[2]["version"]).all()
-    print(
-        f"resubmitted {faults[0]['num_resubmitted']} samples; rejoined at v{faults[2]['version']}"
-    )
+    late = samples[samples["gen_start_s"] > faults[0]["time_s"]]
+    assert len(late) > 0 and set(late["instance_id"]) == {0}  # server 0 took over
+    print(f"resubmitted {faults[0]['num_resubmitted']} samples to server 0")
