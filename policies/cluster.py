@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_GPUS = 16_384  # per pool: the balanced split tries every size (~8 s at this bound)
 MAX_SEQS = 65_536  # max_num_seqs of one instance
+MAX_TOKENS = 10_000_000  # any per-sample token count (prompt, output, context)
 
 
 def count(default: Any, *, ge: int = 0, le: int | None = None, **kw: Any) -> Any:

@@ -15,13 +15,17 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from policies.allocation import ALLOCATION
-from policies.cluster import ClusterSection, count
+from policies.cluster import MAX_TOKENS, ClusterSection, count
 from policies.cluster import Section as _Section
 from policies.dispatch import DISPATCH
+from policies.live_section import LiveSection
 from policies.modes import MODES
 from policies.predictors import PREDICTORS
 from policies.records import InflightHandling
 from policies.scheduling import SCHEDULING
+from policies.spec_yaml import read_yaml
+
+__all__ = ["LiveSection", "read_yaml"]  # re-exported: their homes are small modules
 
 
 class SpecError(ValueError):
@@ -30,7 +34,6 @@ class SpecError(ValueError):
 
 MAX_ITERATIONS = 1_000_000
 MAX_RUN_SAMPLES = 10_000_000  # run.iterations × algorithm.batch_size: what a run may hold
-MAX_TOKENS = 10_000_000  # any per-sample token count
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # one path component: runs/NAME-... stays in runs/
 
 
@@ -225,56 +228,6 @@ class SimSection(_Section):
         return value
 
 
-class LiveSection(_Section):
-    """Live runtime settings (used with ``--live``)."""
-
-    num_servers: int = count(1, ge=1, le=64)
-    host: str = "127.0.0.1"
-    base_port: int = count(8400, ge=1024, le=65000)
-    token: str | None = Field(None, description="control-route bearer token (generated if None)")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    kv_cache_gib: float = Field(1.0, gt=0)
-    max_model_len: int = count(512, ge=16, le=MAX_TOKENS)
-    temperature: float = Field(1.0, ge=0)
-    checkpoint_every: int = count(1, ge=1)  # a huge value: never (fidelity runs)
-    server_urls: list[str] | None = Field(
-        None, description="attach to running servers (base URLs) instead of starting num_servers"
-    )
-    micro_batch_samples: int = count(
-        8, ge=1, le=2**20, description="samples per trainer micro-batch"
-    )
-    trainer_threads: int = count(
-        1, ge=1, le=1024, description="torch threads of the trainer process"
-    )
-    trainer_nice: int = count(
-        0, ge=0, le=19,
-        description="niceness of the trainer process: >0 lets the generation server's frontend "
-        "and the actor, which run on any core, go first on the trainer's core",
-    )  # fmt: skip
-    startup_timeout_s: float = Field(300.0, gt=0, description="wait for a server's /health")
-    cost_model: str | None = Field(
-        None,
-        description="calibrated cost model (cost_model.json, or the `tandem calibrate` directory "
-        "holding it) that skewness-aware dispatch prices with; None: the tiny model's constants "
-        "(runtime/cost.py)",
-    )
-    restart_servers: bool = Field(
-        False, description="start a server that died again; it rejoins at the next weight push"
-    )
-    api_key: str | None = Field(
-        None, description="API key of the servers' inference routes (None: they need none)"
-    )
-
-    @model_validator(mode="after")
-    def _restart_own_servers(self) -> LiveSection:
-        if self.restart_servers and self.server_urls:
-            raise ValueError(
-                "restart_servers restarts servers this run starts; it cannot restart "
-                "live.server_urls"
-            )
-        return self
-
-
 class RunSpec(_Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -319,29 +272,6 @@ def _format_errors(err: ValidationError) -> str:
             msg = "unknown key"
         lines.append(f"{key}: {msg}")
     return "; ".join(lines)
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a mapping holding one key twice (PyYAML keeps the
-    last one silently, so a spec's second ``iterations:`` would win unseen)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if key in first_line:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (line {line}; first on line "
-                    f"{first_line[key]})", key_node.start_mark,
-                )  # fmt: skip
-            first_line[key] = line
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(text: str) -> Any:
-    """YAML as a spec reads it: safe types, duplicate keys an error."""
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

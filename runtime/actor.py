@@ -212,7 +212,13 @@ class Actor:
                 self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
         except SampleFailed as err:
             self._events.put_nowait(_Failed(LiveRunError(str(err))))
-        except (httpx.TransportError, httpx.HTTPStatusError) as err:
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code < 500:  # the server refused the request itself
+                message = f"generation server {instance_id} refused a dispatch: {err}"
+                self._events.put_nowait(_Failed(LiveRunError(message)))
+            else:
+                self.faults.mark_lost(instance_id, f"{type(err).__name__}: {err}")
+        except httpx.TransportError as err:
             self.faults.mark_lost(instance_id, f"{type(err).__name__}: {err}")
         except Exception as err:
             self._events.put_nowait(_Failed(err))

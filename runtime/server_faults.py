@@ -170,25 +170,39 @@ class ServerFaults:
     async def push(self, version: int) -> tuple[PushResult, list[int]]:
         """Push to the group's servers (re-creating the group when they changed); servers a
         push finds dead are marked lost and the push goes again without them."""
+        failures: dict[int, str] = {}
         for _ in range(MAX_PUSH_ATTEMPTS):
             members = sorted(i for i, s in self._state.items() if s != State.LOST)
-            if self._group_stale or members != self.members:
-                await self._rejoin(members)
+            if not members:
+                raise ServersLost(f"no generation server left to take weights {version}")
+            if (self._group_stale or members != self.members) and not await self._rejoin(members):
+                continue  # a server died while the group was made: again without it
             result = await self.actor.trainer.push_weights(version)
             if not result.failures:
                 self._welcome(version)
                 return result, members
+            failures = {members[k]: reason for k, reason in result.failures.items()}
             await self._lose_failed(members, result)
-        raise LiveRunError(f"weight push of version {version} failed: {result.failures}")
+        raise LiveRunError(f"weight push of version {version} failed: {failures}")
 
-    async def _rejoin(self, members: list[int]) -> None:
+    async def _rejoin(self, members: list[int]) -> bool:
+        """Make the weight group of ``members``; False if one of them turned out dead."""
         assert self.servers is not None, "the weight group changes only with servers known"
         addrs = [self.servers.addr(i) for i in members]
         config = self.actor.config
-        await self.actor.trainer.join_group(
-            addrs, config.weight_host, free_port(config.weight_host), config.weight_backend
-        )
+        try:
+            await self.actor.trainer.join_group(
+                addrs, config.weight_host, free_port(config.weight_host), config.weight_backend
+            )
+        except Exception as err:
+            dead = [(i, d) for i in members if (d := await self._confirm(i, str(err))) is not None]
+            if not dead:
+                raise
+            for i, description in dead:
+                self.mark_lost(i, "it died while the weight group was made", description)
+            return False
         self.members, self._group_stale = members, False
+        return True
 
     async def _lose_failed(self, members: list[int], result: PushResult) -> None:
         """Mark the failed servers that are dead as lost (alive ones just go again); the
