@@ -11,6 +11,8 @@ generation) has no unit boundary to read, so its short run reports its own throu
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -21,6 +23,7 @@ from experiments.advise_space import Candidate, candidate_spec
 from experiments.predictors import ranker_for
 from policies.modes import MODES
 from policies.spec import RunSpec
+from runtime.lifetime import die_with_parent
 from sim.simulator import Simulation
 
 METRIC_KEYS = (
@@ -157,7 +160,11 @@ class PoolEvaluator:
             future.set_result(run_candidate(self.base, c, iterations))
             return future
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                initializer=die_with_parent,
+                initargs=(signal.SIGKILL, os.getpid()),
+            )  # workers die with this process
         return self._pool.submit(run_candidate, self.base, c, iterations)
 
     def close(self) -> None:

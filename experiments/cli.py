@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -13,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.advise_cmd import add_advise_parser
+from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_module
+from experiments.serve_cmd import add_serve_parser
 from experiments.specs import config_path
 from policies.results import SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec, SpecError, load_spec
@@ -27,9 +30,12 @@ def _load(args: argparse.Namespace) -> RunSpec:
 
 
 def _out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
+    """``--out``, or ``runs/NAME-MODE-TIME`` (``run.name`` is one directory name), checked
+    writable before the run starts."""
     if args.out:
-        return Path(args.out)
-    return Path("runs") / f"{spec.run.name}-{spec.pipeline.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return check_out_dir(args.out)
+    name = f"{spec.run.name}-{spec.pipeline.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return check_out_dir(Path("runs") / name)
 
 
 def print_summary(result: RunResult, out: Path) -> None:
@@ -56,7 +62,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.live:
         from runtime.launcher import run_live
 
-        result = run_live(spec, out, ranker_for(spec, live=True))
+        force = {"force_new_spec": True} if args.force_new_spec else {}
+        result = run_live(spec, out, ranker_for(spec, live=True), **force)
+        # run_live saved the result (a resumed run keeps its original spec.yaml)
     else:
         from rich.progress import Progress
 
@@ -66,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             task = bar.add_task("simulating", total=spec.run.iterations)
             sim = Simulation(spec, ranker=ranker_for(spec))
             result = sim.run(on_step=lambda _: bar.advance(task))
-    result.save(out)
+        result.save(out)
     timeline(result, out / "timeline.png")
     print_summary(result, out)
     return 0
@@ -78,24 +86,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     spec = _load(args)
     axes = [parse_grid(g) for g in args.grid]
-    out = Path(args.out)
-    frame = run_sweep(spec, axes, out, workers=args.workers)
+    out = check_out_dir(args.out)
+    frame = run_sweep(spec, axes, out, workers=args.workers, point_timeout_s=args.point_timeout)
     failed = frame["error"].notna().sum()
     if failed < len(frame):
         sweep_summary(frame, [a.key for a in axes], out / "summary.png")
     console.print(f"{len(frame)} points, {failed} failed; results in [bold]{out}[/bold]")
     for _, row in frame[frame["error"].notna()].iterrows():
         console.print(f"[red]point {row['point']} failed[/red]: {row['error']}")
-    if failed == len(frame):
-        spec_errors = frame["error"].str.startswith("SpecError").all()
-        return 2 if spec_errors else 1
-    return 0
+    if failed == len(frame) and frame["error"].str.startswith("SpecError").all():
+        return 2
+    return 1 if failed else 0
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
     from experiments.advise_cmd import run_advise
 
-    return run_advise(_load(args), args, console)
+    spec = _load(args)
+    check_out_dir(args.out)
+    return run_advise(spec, args, console)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -116,13 +125,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from runtime.server import serve_main
-
-    serve_main(args.model_dir, host=args.host, port=args.port, token=args.token)
-    return 0
-
-
 def cmd_model(args: argparse.Namespace) -> int:
     from runtime.model import ensure_tiny_model
 
@@ -134,12 +136,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from experiments.calibrate import calibrate, calibrate_from_vidur
 
     if args.source == "vidur":
-        console.print(calibrate_from_vidur(Path(args.profile_dir), Path(args.out)))
+        text = calibrate_from_vidur(Path(args.profile_dir), check_out_dir(args.out))
+        console.print(text)
         console.print(
             f"efficiencies in [bold]{args.out}[/bold] (use sim.cost_model=roofline:{args.out})"
         )
         return 0
-    fits = calibrate(Path(args.profile_dir), Path(args.out))
+    fits = calibrate(Path(args.profile_dir), check_out_dir(args.out))
     table = Table(title="held-out error per operator")
     for col in ("operator", "model", "held-out MAPE"):
         table.add_column(col)
@@ -156,6 +159,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from runtime.profiler import ProfilePlan, profile_runtime
 
     spec = _load(args)
+    check_out_dir(args.out)
     plan = ProfilePlan()
     with Progress(console=console) as bar:
         task = bar.add_task("profiling", total=plan.num_measurements)
@@ -185,7 +189,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         cost_model_dir=Path(args.cost_model) if args.cost_model else None,
         repeats=args.repeats,
     )
-    report = run_fidelity(_load(args), plan, Path(args.out), console)
+    spec = _load(args)
+    report = run_fidelity(spec, plan, check_out_dir(args.out), console)
     console.print(report.markdown())
     console.print(f"fidelity report in [bold]{args.out}[/bold]")
     return 0
@@ -220,7 +225,7 @@ def cmd_scheduler_trace(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from experiments.reproduce import reproduce
 
-    out = Path(args.out or f"runs/reproduce-{args.study}{'-quick' if args.quick else ''}")
+    out = check_out_dir(args.out or f"runs/reproduce-{args.study}{'-quick' if args.quick else ''}")
     start = time.perf_counter()
     report = reproduce(args.study, out, args.quick, args.workers, console)
     console.print(f"report in [bold]{report}[/bold] ({time.perf_counter() - start:.0f} s)")
@@ -264,13 +269,27 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
     _with_spec(run, DEFAULT_SPEC)
     run.add_argument("--out", help="result directory (default: runs/NAME-MODE-TIME)")
     run.add_argument("--live", action="store_true", help="real vLLM servers and torch trainer")
+    run.add_argument(
+        "--force-new-spec",
+        action="store_true",
+        help="live resume: go on although the spec changes training (kept as spec.resumed-N.yaml)",
+    )
     run.set_defaults(func=cmd_run)
 
     sweep = sub.add_parser("sweep", help="simulate every combination of a grid")
     _with_spec(sweep, None)
     sweep.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2")
     sweep.add_argument("--workers", type=int, default=2)
-    sweep.add_argument("--out", required=True)
+    sweep.add_argument(
+        "--point-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a point may take before it is stopped and recorded as failed",
+    )
+    sweep.add_argument(
+        "--out", required=True, help="results; a second run resumes (skips done points)"
+    )
     sweep.set_defaults(func=cmd_sweep)
 
     add_advise_parser(sub, _with_spec, cmd_advise)
@@ -293,12 +312,7 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_live_commands(sub: argparse._SubParsersAction) -> None:
     """serve, calibrate, profile, fidelity, model."""
-    serve = sub.add_parser("serve", help="a vLLM generation server with the PipelineRL routes")
-    serve.add_argument("model_dir")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8400)
-    serve.add_argument("--token", default=None, help="bearer token of the control routes")
-    serve.set_defaults(func=cmd_serve)
+    add_serve_parser(sub)
 
     calib = sub.add_parser("calibrate", help="fit the simulator's cost model to a profile")
     calib.add_argument(
@@ -389,9 +403,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, so that every process the command started is stopped."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from runtime.errors import LiveRunError  # pure Python: present on any install
+
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.func
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return handler(args)
     except SpecError as err:
@@ -400,9 +422,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # user mistakes found while building the run
         console.print(f"[red]error[/red]: {err}")
         return 2
+    except LiveRunError as err:  # a process of a live run died: one line naming it
+        console.print(f"[red]error[/red]: {err}", soft_wrap=True)
+        return 1
+    except ModuleNotFoundError as err:
+        module = missing_live_module(err)
+        if module is None:
+            raise
+        console.print(
+            f"[red]error[/red]: {args.command} needs the live runtime, and module {module!r} "
+            f"is not installed; {LIVE_INSTALL_HINT}"
+        )
+        return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ every seed so slow drifts of the host hit all of them alike.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Sequence
@@ -248,6 +249,38 @@ def write_report(frame: pd.DataFrame, out: Path) -> str:
     return text
 
 
+CONTENTION_BATCHES = (16, 48)  # burst sizes the host's server-beside-server slowdown is taken at
+
+
+async def neighbour_slowdown(urls: Sequence[str], repeats: int = 3, max_tokens: int = 64) -> float:
+    """How much slower a burst on server 0 runs while server 1 runs the same burst: the
+    contention of two engines (and their HTTP frontends and this client) on one host,
+    measured like the profiler's ``decode_slowdown`` (a ratio of whole bursts, medians)."""
+    from runtime.profile_bursts import prompt_slice, route_burst_s
+
+    tasks = TaskSet(0, 256, 128)
+    ratios = []
+    for batch in CONTENTION_BATCHES:
+        prompts = prompt_slice(tasks, batch, 7)
+        alone, beside = [], []
+        for _ in range(repeats):
+            alone.append(await route_burst_s(urls[0], prompts, max_tokens, 1.0, ignore_eos=True))
+            both = await asyncio.gather(
+                *(route_burst_s(u, prompts, max_tokens, 1.0, ignore_eos=True) for u in urls[:2])
+            )
+            beside.append(both[0])
+        ratios.append(float(np.median(beside) / np.median(alone)))
+    return float(np.mean(ratios))
+
+
+def with_slowdown(cost, slowdown: float):
+    """``cost`` whose contended decode runs ``slowdown`` times slower (never faster)."""
+    from policies.calibrated import OperatorFit
+
+    fit = OperatorFit(("1",), (max(1.0, slowdown),), 0.0)
+    return dataclasses.replace(cost, fits={**cost.fits, "decode_slowdown": fit})
+
+
 def run_policy_effects(
     cost_model_dir: Path, out: Path, seeds: Sequence[int], num_requests: int = 96
 ) -> str:
@@ -282,7 +315,10 @@ def run_policy_effects(
                     await warm_up(http, TaskSet(0, 256, 128), 1.0)
 
         asyncio.run(warm())
-        frame = measure([s.base_url for s in servers], cost, seeds, limits, num_requests)
+        urls = [s.base_url for s in servers]
+        slowdown = asyncio.run(neighbour_slowdown(urls))
+        frame = measure(urls, with_slowdown(cost, slowdown), seeds, limits, num_requests)
+        frame["neighbour_slowdown"] = slowdown
     finally:
         for s in servers:
             stop_server(s)

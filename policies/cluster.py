@@ -6,9 +6,19 @@ return a cluster without importing the spec (which lists their names).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_GPUS = 16_384  # per pool: the balanced split tries every size (~8 s at this bound)
+MAX_SEQS = 65_536  # max_num_seqs of one instance
+MAX_TOKENS = 10_000_000  # any per-sample token count (prompt, output, context)
+
+
+def count(default: Any, *, ge: int = 0, le: int | None = None, **kw: Any) -> Any:
+    """A whole-number spec field: strict (``true`` or ``2.0`` is an error, not 1 or 2) and,
+    with ``le``, bounded so that a typo of a few zeros fails at once instead of running."""
+    return Field(default, strict=True, ge=ge, le=le, **kw)
 
 
 class Section(BaseModel):
@@ -21,23 +31,29 @@ class GenerationPool(Section):
     """A set of identical generation instances in one datacenter."""
 
     hardware: str = "H800"
-    num_gpus: int = Field(16, ge=1)
-    tp: int = Field(1, ge=1, description="GPUs per instance (tensor parallelism)")
+    num_gpus: int = count(16, ge=1, le=MAX_GPUS)
+    tp: int = count(1, ge=1, le=MAX_GPUS, description="GPUs per instance (tensor parallelism)")
     datacenter: str = "dc0"
     # vLLM's engine arguments, with its names; defaults: vLLM's OpenAI server on an
     # 80 GB Hopper GPU (the hardware of the shipped configs); on the CPU vLLM uses
     # block_size 128 and 2048 batched tokens (live-tiny.yaml sets them)
-    max_num_seqs: int = Field(256, ge=1, description="vLLM max running sequences")
-    max_num_batched_tokens: int = Field(
-        8192, ge=1, description="vLLM token budget of one engine step (chunked prefill)"
+    max_num_seqs: int = count(256, ge=1, le=MAX_SEQS, description="vLLM max running sequences")
+    max_num_batched_tokens: int = count(
+        8192,
+        ge=1,
+        le=MAX_TOKENS,
+        description="vLLM token budget of one engine step (chunked prefill)",
     )
-    block_size: int = Field(16, ge=1, description="vLLM KV-cache block, tokens")
+    block_size: int = count(16, ge=1, le=4096, description="vLLM KV-cache block, tokens")
     enable_chunked_prefill: bool = Field(True, description="vLLM: split prefills over steps")
     enable_prefix_caching: bool = Field(
         True, description="vLLM: share KV blocks of equal prompt prefixes (one weight version)"
     )
-    num_gpu_blocks_override: int | None = Field(
-        None, ge=1, description="vLLM: KV-cache blocks per instance (None: from free HBM)"
+    num_gpu_blocks_override: int | None = count(
+        None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="vLLM: KV-cache blocks per instance (None: from free HBM)",
     )
     scheduling_policy: Literal["priority", "fcfs"] = Field(
         "priority",
@@ -63,7 +79,7 @@ class GenerationPool(Section):
 
 class TrainerPool(Section):
     hardware: str = "H800"
-    num_gpus: int = Field(16, ge=1)
+    num_gpus: int = count(16, ge=1, le=MAX_GPUS)
     datacenter: str = "dc0"
 
 

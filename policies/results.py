@@ -67,7 +67,9 @@ METRICS: tuple[Metric, ...] = (
 METRIC_NAMES = tuple(m.name for m in METRICS)
 SUMMARY_METRICS = tuple(m.name for m in METRICS if m.in_summary)
 SIM_METRICS = ("sim_wall_s",)  # added by the simulator: wall-clock seconds it took
-LIVE_METRICS = ("live_wall_s", "mean_reward_first_fifth", "mean_reward_last_fifth")
+LIVE_METRICS = (
+    "live_wall_s", "mean_reward_first_fifth", "mean_reward_last_fifth", "num_servers_lost",
+)  # fmt: skip
 WALL_METRICS = ("sim_wall_s", "live_wall_s")  # the host's time, not the run's
 
 GEN_BUSY = {SpanKind.PREFILL, SpanKind.DECODE}
@@ -239,11 +241,13 @@ class RunResult:
         steps = json.loads(steps_path.read_text()) if steps_path.exists() else []
         return cls(spec, metrics, samples, spans, steps)
 
-    def save(self, out_dir: str | Path) -> Path:
-        """Write spec.yaml, metrics.json, samples.parquet, events.parquet (each atomically)."""
+    def save(self, out_dir: str | Path, write_spec: bool = True) -> Path:
+        """Write spec.yaml, metrics.json, samples.parquet, events.parquet (each atomically);
+        ``write_spec=False`` leaves the directory's spec.yaml as it is (a resumed live run)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "spec.yaml", self.spec.to_yaml().encode())
+        if write_spec:
+            write_atomic(out / "spec.yaml", self.spec.to_yaml().encode())
         write_atomic(out / "metrics.json", json.dumps(self.metrics, indent=2).encode())
         write_atomic(out / "samples.parquet", _parquet_bytes(self.samples_frame()))
         write_atomic(out / "events.parquet", _parquet_bytes(self.spans_frame()))

@@ -7,6 +7,7 @@ Unknown keys, wrong types and impossible values are errors that name the key
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,23 +15,44 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from policies.allocation import ALLOCATION
-from policies.cluster import ClusterSection
+from policies.cluster import MAX_TOKENS, ClusterSection, count
 from policies.cluster import Section as _Section
 from policies.dispatch import DISPATCH
+from policies.live_section import LiveSection
 from policies.modes import MODES
 from policies.predictors import PREDICTORS
 from policies.records import InflightHandling
 from policies.scheduling import SCHEDULING
+from policies.spec_yaml import read_yaml
+
+__all__ = ["LiveSection", "read_yaml"]  # re-exported: their homes are small modules
 
 
 class SpecError(ValueError):
     """A spec that cannot be run; the message names the offending key."""
 
 
+MAX_ITERATIONS = 1_000_000
+MAX_RUN_SAMPLES = 10_000_000  # run.iterations × algorithm.batch_size: what a run may hold
+RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # one path component: runs/NAME-... stays in runs/
+
+
 class RunSection(_Section):
-    name: str = "run"
-    iterations: int = Field(10, ge=1, description="optimizer steps (iterations) to run")
-    seed: int = Field(0, ge=0, description="root seed of every named random stream")
+    name: str = Field("run", description="letters, digits, '.', '_', '-' (a directory name)")
+    iterations: int = count(
+        10, ge=1, le=MAX_ITERATIONS, description="optimizer steps (iterations) to run"
+    )
+    seed: int = count(0, ge=0, description="root seed of every named random stream")
+
+    @field_validator("name")
+    @classmethod
+    def _one_directory_name(cls, value: str) -> str:
+        if not re.fullmatch(RUN_NAME, value):
+            raise ValueError(
+                f"{value!r} must be a directory name inside runs/: up to 128 letters, digits, "
+                "'.', '_' or '-', starting with a letter or digit"
+            )
+        return value
 
 
 class ModelShape(_Section):
@@ -83,18 +105,23 @@ class ModelSection(_Section):
 
 class WorkloadSection(_Section):
     kind: Literal["histogram", "lognormal", "pareto", "trace"] = "histogram"
-    max_output_tokens: int = Field(5000, ge=1)
-    final_max_output_tokens: int | None = Field(
-        None, ge=1, description="grow max output linearly to this by the last iteration"
+    max_output_tokens: int = count(5000, ge=1, le=MAX_TOKENS)
+    final_max_output_tokens: int | None = count(
+        None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="grow max output linearly to this by the last iteration",
     )
-    prompt_tokens_median: int = Field(512, ge=1)
+    prompt_tokens_median: int = count(512, ge=1, le=MAX_TOKENS)
     prompt_tokens_sigma: float = Field(0.5, ge=0)
     lognormal_median_tokens: float = Field(1500.0, gt=0)
     lognormal_sigma: float = Field(0.8, gt=0)
     pareto_alpha: float = Field(1.5, gt=0)
     pareto_min_tokens: float = Field(300.0, gt=0)
     trace_path: str | None = None
-    num_prompts: int = Field(4096, ge=1, description="prompts in the dataset (one epoch)")
+    num_prompts: int = count(
+        4096, ge=1, le=MAX_RUN_SAMPLES, description="prompts in the dataset (one epoch)"
+    )
     # Defaults match StreamRL's published ranker (recall of the longest 20/10/5 %:
     # 0.87/0.82/0.76), which needs a predictor whose log length correlates ~0.97 with the
     # sample's; a prompt's history can reach sqrt(0.96 * 0.98) = 0.97 here (docs/ranker.md).
@@ -114,9 +141,11 @@ class WorkloadSection(_Section):
 
 class AlgorithmSection(_Section):
     name: Literal["grpo", "ppo"] = "grpo"
-    batch_size: int = Field(1024, ge=1, description="samples per optimizer step")
-    group_size: int = Field(8, ge=1, description="samples per prompt")
-    micro_batch_per_gpu: int = Field(1, ge=1, description="samples per trainer GPU per micro-batch")
+    batch_size: int = count(1024, ge=1, le=2**20, description="samples per optimizer step")
+    group_size: int = count(8, ge=1, le=4096, description="samples per prompt")
+    micro_batch_per_gpu: int = count(
+        1, ge=1, le=2**20, description="samples per trainer GPU per micro-batch"
+    )
     kl_coef: float = Field(0.0, ge=0)
     clip_epsilon: float = Field(0.2, gt=0)
     learning_rate: float = Field(1e-6, gt=0)
@@ -138,11 +167,14 @@ class PipelineSection(_Section):
 
     mode: str = "stream-async"
     inflight: InflightHandling = InflightHandling.KEEP
-    steps_per_generation: int = Field(
-        1, ge=1, description="conventional mode: optimizer steps per generated batch (G)"
+    steps_per_generation: int = count(
+        1, ge=1, le=4096, description="conventional mode: optimizer steps per generated batch (G)"
     )
-    max_lag: int | None = Field(
-        None, ge=0, description="pipeline mode: max versions a sample may lag (unset: 4)"
+    max_lag: int | None = count(
+        None,
+        ge=0,
+        le=MAX_ITERATIONS,
+        description="pipeline mode: max versions a sample may lag (unset: 4)",
     )  # after mode and steps_per_generation: its check reads them
 
     @field_validator("mode")
@@ -170,8 +202,8 @@ class PipelineSection(_Section):
 
 
 class ElasticSection(_Section):
-    max_extra_instances: int = Field(4, ge=0)
-    gpus_per_step: int = Field(8, ge=1, description="GPUs added per scale-out (one node)")
+    max_extra_instances: int = count(4, ge=0, le=4096)
+    gpus_per_step: int = count(8, ge=1, le=4096, description="GPUs added per scale-out (one node)")
 
 
 class PoliciesSection(_Section):
@@ -257,37 +289,6 @@ class SimSection(_Section):
         return value
 
 
-class LiveSection(_Section):
-    """Live runtime settings (used with ``--live``)."""
-
-    num_servers: int = Field(1, ge=1)
-    host: str = "127.0.0.1"
-    base_port: int = Field(8400, ge=1024, le=65000)
-    token: str | None = Field(None, description="control-route bearer token (generated if None)")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    kv_cache_gib: float = Field(1.0, gt=0)
-    max_model_len: int = Field(512, ge=16)
-    temperature: float = Field(1.0, ge=0)
-    checkpoint_every: int = Field(1, ge=1)
-    server_urls: list[str] | None = Field(
-        None, description="attach to running servers (base URLs) instead of starting num_servers"
-    )
-    micro_batch_samples: int = Field(8, ge=1, description="samples per trainer micro-batch")
-    trainer_threads: int = Field(1, ge=1, description="torch threads of the trainer process")
-    trainer_nice: int = Field(
-        0, ge=0, le=19,
-        description="niceness of the trainer process: >0 lets the generation server's frontend "
-        "and the actor, which run on any core, go first on the trainer's core",
-    )  # fmt: skip
-    startup_timeout_s: float = Field(300.0, gt=0, description="wait for a server's /health")
-    cost_model: str | None = Field(
-        None,
-        description="calibrated cost model (cost_model.json, or the `tandem calibrate` directory "
-        "holding it) that skewness-aware dispatch prices with; None: the tiny model's constants "
-        "(runtime/cost.py)",
-    )
-
-
 class RunSpec(_Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -308,6 +309,16 @@ class RunSpec(_Section):
                         f"cluster.generation.{i}.scheduling_policy: 'lpt' scheduling needs "
                         "vLLM's 'priority' policy"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _bounded_run(self) -> RunSpec:
+        num_samples = self.run.iterations * self.algorithm.batch_size
+        if num_samples > MAX_RUN_SAMPLES:
+            raise ValueError(
+                f"run.iterations × algorithm.batch_size = {num_samples:,} samples; a run may "
+                f"generate at most {MAX_RUN_SAMPLES:,}"
+            )
         return self
 
     def to_yaml(self) -> str:
@@ -343,7 +354,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     path = [p for p in key.strip().split(".") if p]
     if not path:
         raise SpecError(f"override {text!r} has an empty key")
-    return path, yaml.safe_load(raw)
+    try:
+        return path, read_yaml(raw)
+    except yaml.YAMLError as err:
+        raise SpecError(f"override {text!r}: not valid YAML ({err})") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -409,9 +423,13 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Ru
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            loaded = read_yaml(Path(path).read_text())
         except FileNotFoundError:
             raise SpecError(f"spec file {path} does not exist") from None
+        except IsADirectoryError:
+            raise SpecError(f"spec {path} is a directory, not a YAML file") from None
+        except (PermissionError, UnicodeDecodeError) as err:
+            raise SpecError(f"spec file {path} cannot be read ({err})") from None
         except yaml.YAMLError as err:
             raise SpecError(f"{path}: not valid YAML ({err})") from None
         if loaded is not None and not isinstance(loaded, dict):

@@ -13,6 +13,12 @@ out its commands:
   training is immediate; switching back loads the new weights on the servers;
 * ``Finish`` — stop.
 
+A server that dies is a *lost instance* (:mod:`runtime.server_faults`): the requests it
+was running go to the other servers with their own sample ids (``InstanceLost``), its
+death is recorded, and with restarts it comes back at the next weight push
+(``InstanceAdded``). With no server left the run stops with one line naming the dead
+process.
+
 A resumed run (``step_offset`` > 0) drives a fresh controller whose steps, versions and
 iterations count from 0; the actor adds the offset to steps and versions at every
 boundary, and the recorder maps each sample back to its own iteration.
@@ -24,9 +30,11 @@ import asyncio
 import collections
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+import httpx
 
 from policies.modes.base import Controller
 from policies.modes.events import (
@@ -46,9 +54,12 @@ from policies.modes.events import (
 )
 from policies.records import InflightHandling, Request, SpanKind
 from policies.resources import TRAINER, generation_resource
-from runtime.gen_client import Generated, GenerationClient
+from runtime.errors import LiveRunError
+from runtime.gen_client import Generated, GenerationClient, SampleFailed
 from runtime.groups import GroupBook
 from runtime.recorder import Recorder
+from runtime.server_faults import Lost, ServerFaults
+from runtime.supervisor import Servers
 from runtime.tasks import TaskSet
 from runtime.trainer_proc import PushResult, TrainerProcess
 
@@ -61,6 +72,8 @@ class ActorConfig:
     checkpoint_every: int = 1
     sampling_seed: int | None = 0  # per-sample seeds from (this, sample id); None: unseeded
     length_update_every: int = 32  # finished samples per update of an online length predictor
+    weight_host: str = "127.0.0.1"  # where the trainer hosts the weight group (live.host)
+    weight_backend: str = "gloo"
 
     def seed_of(self, request: Request) -> int | None:
         """The sampling seed of one sample: the same sample draws the same random numbers
@@ -81,6 +94,8 @@ class Actor:
         priority: Callable[[Request], float],
         recorder: Recorder,
         learn_lengths: Callable[[list[Request], list[int]], None] | None = None,
+        servers: Servers | None = None,
+        after_step: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self.controller = controller
@@ -101,6 +116,8 @@ class Actor:
         self._tasks: set[asyncio.Task] = set()
         self._t0 = 0.0
         self._time_offset_s = 0.0
+        self.faults = ServerFaults(self, servers)
+        self.after_step = after_step  # awaited after each optimizer step and its checkpoint
 
     # -- clock and boundaries -----------------------------------------------------------
 
@@ -122,18 +139,26 @@ class Actor:
         if not self._t0:
             self.start_clock()
         trainer_task = asyncio.create_task(self._trainer_loop())
+        self.spawn(self.faults.watch())
         try:
             await self._execute(self.controller.handle(Start(self.now())))
             while not self.controller.finished:
                 event = await self._events.get()
                 if isinstance(event, _Failed):
                     raise event.error
+                if isinstance(event, Lost):
+                    await self._execute(await self.faults.handle_lost(event))
+                    continue
                 await self._execute(self.controller.handle(event))
             return self.now()
         finally:
             trainer_task.cancel()
             for t in list(self._tasks):
                 t.cancel()
+
+    def post(self, event: Any) -> None:
+        """Queue an event for the loop (the fault handler's way in)."""
+        self._events.put_nowait(event)
 
     async def _execute(self, commands: list[Command]) -> None:
         for cmd in commands:
@@ -144,7 +169,7 @@ class Actor:
             elif isinstance(cmd, OptimizerStep):
                 self._jobs.put(lambda c=cmd: self._step(c))
             elif isinstance(cmd, PushWeights):
-                self._spawn(self._push(cmd.version, cmd.inflight))
+                self.spawn(self._push(cmd.version, cmd.inflight))
             elif isinstance(cmd, SwitchContext):
                 self._jobs.put(lambda c=cmd: self._switch(c))
             elif isinstance(cmd, Finish):
@@ -152,7 +177,7 @@ class Actor:
             else:
                 raise ValueError(f"the live runtime cannot execute {type(cmd).__name__}")
 
-    def _spawn(self, coro) -> None:
+    def spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -163,28 +188,47 @@ class Actor:
         dispatch_s = self.now()
         for _ in cmd.requests:
             self.recorder.sent(cmd.instance_id, dispatch_s)
+        self.faults.sent(cmd.instance_id, cmd.requests)
         self._idle.clear()
-        self._spawn(self._generate(cmd.instance_id, cmd.requests, dispatch_s))
+        self.spawn(self._generate(cmd.instance_id, cmd.requests, dispatch_s))
 
     async def _generate(
         self, instance_id: int, requests: tuple[Request, ...], dispatch_s: float
     ) -> None:
-        """One streamed request per dispatch; each completion is consumed as it arrives."""
+        """One streamed request per dispatch; each completion is consumed as it arrives.
+        A broken connection marks the server lost (its requests go elsewhere)."""
         priorities = [int(self.priority(r)) for r in requests]
         seeds = [self.config.seed_of(r) for r in requests]
         client = self.clients[instance_id]
         try:
             async for out in client.stream(requests, dispatch_s, self.now, priorities, seeds):
+                if self.faults.is_lost(instance_id):
+                    return  # its requests were dispatched again
                 request = out.completion.request
+                self.faults.returned(instance_id, request)
                 self.recorder.returned(instance_id, self.now(), self.recorder.iteration(request))
-                if not any(self.recorder.outstanding(i) for i in self.clients):
-                    # before the sample's event: a push waiting for the servers to drain
-                    # reaches the trainer ahead of the jobs this last sample will queue
-                    self._idle.set()
+                self.update_idle()
                 c = self._finished(out)
                 self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
+        except SampleFailed as err:
+            self._events.put_nowait(_Failed(LiveRunError(str(err))))
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code < 500:  # the server refused the request itself
+                message = f"generation server {instance_id} refused a dispatch: {err}"
+                self._events.put_nowait(_Failed(LiveRunError(message)))
+            else:
+                self.faults.mark_lost(instance_id, f"{type(err).__name__}: {err}")
+        except httpx.TransportError as err:
+            self.faults.mark_lost(instance_id, f"{type(err).__name__}: {err}")
         except Exception as err:
             self._events.put_nowait(_Failed(err))
+
+    def update_idle(self) -> None:
+        """Set while no request runs on any server (before the sample's event: a push
+        waiting for the servers to drain reaches the trainer ahead of the jobs this last
+        sample will queue)."""
+        if not any(self.recorder.outstanding(i) for i in self.clients):
+            self._idle.set()
 
     def _finished(self, out: Generated) -> Any:
         c = out.completion
@@ -245,6 +289,8 @@ class Actor:
         path = self._checkpoint_for(step)
         if path:
             await self.trainer.checkpoint(path, self.recorder.position(step, self.now()))
+        if self.after_step is not None:
+            await self.after_step(step)
         end = self.now()
         self.recorder.span(TRAINER, SpanKind.TRAIN, start, end, iteration=step)
         local = dataclasses.replace(stats, step=cmd.step, version=cmd.step + 1, end_s=end)
@@ -274,16 +320,19 @@ class Actor:
 
             self._jobs.put_first(job)
             await pushed.wait()
-        for i in self.clients:
-            self._events.put_nowait(WeightsLoaded(self.now(), i, local_version))
+        for i in self.faults.members:
+            if not self.faults.is_lost(i):  # a lost one's view is gone (or going)
+                self._events.put_nowait(WeightsLoaded(self.now(), i, local_version))
 
     async def push_now(self, version: int) -> PushResult:
+        """Push weights ``version`` to every server in the group (re-created first when a
+        server was lost or came back; a push that finds one dead goes again without it)."""
         start = self.now()
-        result = await self.trainer.push_weights(version)
+        result, members = await self.faults.push(version)
         end = self.now()
         self.pauses_s += result.pause_s
         self.recorder.span(TRAINER, SpanKind.WEIGHT_SYNC, start, end)
-        for i, pause_s in zip(sorted(self.clients), result.pause_s):
+        for i, pause_s in zip(members, result.pause_s):
             self.recorder.span(generation_resource(i), SpanKind.WEIGHT_SYNC, end - pause_s, end)
         return result
 

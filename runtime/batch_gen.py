@@ -13,7 +13,9 @@ sampling log-prob of each token), ``text``, ``prompt_token_ids``, ``finish_reaso
 added (after any update being loaded; its prompt is cache-salted with it) and when it
 finished (an in-flight update in between makes them differ) — and ``version_prompt``,
 the (oldest) version its prompt KV was computed with (:mod:`runtime.prompt_cache`).
-A sample that fails sends ``{"index": i, "error": "..."}``.
+A sample that fails (its prompt too long for the model, say) sends
+``{"index": i, "error": "..."}`` in its place: the other samples of the request still
+stream back, and the response holds exactly one line per sample.
 """
 
 from __future__ import annotations
@@ -52,21 +54,39 @@ class BatchGenerator:
         self.tokenizer = engine.get_tokenizer()
 
     async def stream(self, body: BatchBody) -> AsyncIterator[bytes]:
-        inputs = await self.engine.renderer.render_cmpl_async(
-            [{"prompt": s.prompt} for s in body.samples]
-        )
+        inputs = await self._render(body)
         lines: asyncio.Queue[bytes] = asyncio.Queue()
         batch_id = secrets.token_hex(6)
-        tasks = [
-            asyncio.create_task(self._one(f"tandem-{batch_id}-{i}", i, s, x, body, lines))
-            for i, (s, x) in enumerate(zip(body.samples, inputs))
-        ]
+        tasks = []
+        for i, (s, x) in enumerate(zip(body.samples, inputs)):
+            if isinstance(x, Exception):  # this prompt cannot run: its line says why
+                lines.put_nowait(_error_line(i, x))
+                continue
+            tasks.append(
+                asyncio.create_task(self._one(f"tandem-{batch_id}-{i}", i, s, x, body, lines))
+            )
         try:
-            for _ in tasks:
+            for _ in body.samples:
                 yield await lines.get()
         finally:
             for t in tasks:  # a client that went away aborts what is still running
                 t.cancel()
+
+    async def _render(self, body: BatchBody) -> list:
+        """Every prompt rendered in one call; if that fails, one by one, so that a bad
+        prompt (too long, say) costs its own sample only (an ``Exception`` in its place)."""
+        prompts = [{"prompt": s.prompt} for s in body.samples]
+        try:
+            return list(await self.engine.renderer.render_cmpl_async(prompts))
+        except Exception:  # noqa: BLE001 - find the bad ones below
+            pass
+        out: list = []
+        for p in prompts:
+            try:
+                out.append((await self.engine.renderer.render_cmpl_async([p]))[0])
+            except Exception as err:  # noqa: BLE001 - reported on its own line
+                out.append(err)
+        return out
 
     async def _one(self, request_id, index, sample, engine_input, body, lines) -> None:
         from vllm import SamplingParams
@@ -87,7 +107,8 @@ class BatchGenerator:
                 final = out
             line = self._line(index, final, engine_input)
         except Exception as err:  # reported on the stream, the other samples go on
-            line = {"index": index, "error": f"{type(err).__name__}: {err}"}
+            lines.put_nowait(_error_line(index, err))
+            return
         lines.put_nowait(json.dumps(line).encode() + b"\n")
 
     def _line(self, index: int, out, engine_input: dict) -> dict:
@@ -107,3 +128,8 @@ class BatchGenerator:
             "version_end": self.control.version,
             "version_prompt": self.control.prompt_version(version_start, out),
         }
+
+
+def _error_line(index: int, err: Exception) -> bytes:
+    message = " ".join(f"{type(err).__name__}: {err}".split())  # one line
+    return json.dumps({"index": index, "error": message}).encode() + b"\n"

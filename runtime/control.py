@@ -6,25 +6,40 @@ and loads every tensor inside the vLLM worker (:class:`runtime.weight_sync.Weigh
 sets the version and resumes. Any failure resumes on the previous weights. New requests
 are admitted between updates only and salted with the served version, so prompt KV is
 shared within one weight version (:mod:`runtime.prompt_cache`).
+
+An update is verified before it is loaded: names, shapes and the served dtype against the
+checkpoint (:func:`check_metas`), the sender's bucket digests against the metadata
+(:func:`check_digests`), both before generation pauses; then the received bytes against
+the digests inside the worker. The worker's receive has a deadline of
+``COLLECTIVE_SHARE`` of the request's ``timeout_s``, so a stalled or dead sender frees
+the worker (and closes the weight group) before the route answers; in-flight requests
+then finish on the old weights.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from runtime.prompt_cache import VersionHistory, install_salting, prompt_version
-from runtime.weight_sync import DTYPES, ParamMeta
+from runtime.weight_sync import DTYPES, BucketDigest, ParamMeta, plan_buckets
+
+COLLECTIVE_SHARE = 0.75  # the worker's receive deadline, as a share of the route's timeout
+STATUS_OF_FAILURE = {"mismatch": 422, "timeout": 504, "no-group": 409}
 
 
 class UpdateRejected(ValueError):
-    """A weight update whose metadata does not fit the served model; names the field."""
+    """A weight update that was not loaded; names the field (or tensor) at fault.
 
-    def __init__(self, field: str, message: str) -> None:
+    ``status``: the HTTP status to answer (400 metadata, 409 no group, 422 content,
+    503 worker stuck, 504 sender stalled)."""
+
+    def __init__(self, field: str, message: str, status: int = 400) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.status = status
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,7 +67,10 @@ def _dtype_name(st_dtype: str) -> str:
     return {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(st_dtype, st_dtype)
 
 
-def check_metas(metas: list[ParamMeta], manifest: dict[str, tuple[tuple[int, ...], str]]) -> None:
+def check_metas(
+    metas: list[ParamMeta], manifest: dict[str, tuple[tuple[int, ...], str]],
+    served_dtype: str = "float32",
+) -> None:  # fmt: skip
     """Raise :class:`UpdateRejected` naming the first parameter that does not fit."""
     seen: set[str] = set()
     for i, m in enumerate(metas):
@@ -68,14 +86,62 @@ def check_metas(metas: list[ParamMeta], manifest: dict[str, tuple[tuple[int, ...
             )
         if m.dtype not in DTYPES:
             raise UpdateRejected(f"{where}.dtype", f"must be one of {', '.join(DTYPES)}")
+        if m.dtype != served_dtype:
+            raise UpdateRejected(
+                f"{where}.dtype",
+                f"{m.name!r} is {m.dtype}, the served model is {served_dtype}: send {served_dtype}",
+            )
+
+
+def check_digests(metas: list[ParamMeta], digests: list[BucketDigest]) -> None:
+    """The sender's buckets against those the metadata makes: dtype, tensor count and
+    bytes of each; raises :class:`UpdateRejected` naming the first tensor they disagree on."""
+    if not digests:
+        raise UpdateRejected(
+            "buckets", "required: the sizes and content hash of each bucket the sender broadcasts"
+        )
+    planned = plan_buckets(metas)
+    for k, (b, d) in enumerate(zip(planned, digests)):
+        first = f"params[{b.first}] {metas[b.first].name!r}"
+        if d.dtype != b.dtype:
+            raise UpdateRejected(f"buckets[{k}].dtype", f"{d.dtype}, but {first} is {b.dtype}")
+        if d.num_tensors != b.count:
+            i = b.first + min(d.num_tensors, b.count)
+            name = metas[i].name if i < len(metas) else "(none)"
+            raise UpdateRejected(
+                f"buckets[{k}].num_tensors",
+                f"the sender packs {d.num_tensors} tensors from {first}, params list {b.count}; "
+                f"first tensor not matched: params[{i}] {name!r}",
+            )
+        expected = b.numel * DTYPES[b.dtype].itemsize
+        if d.num_bytes != expected:
+            raise UpdateRejected(
+                f"buckets[{k}].num_bytes",
+                f"{d.num_bytes} != {expected}, the bytes of params[{b.first}..{b.first + b.count - 1}]"
+                f" (from {metas[b.first].name!r})",
+            )
+    if len(digests) != len(planned):
+        k = min(len(digests), len(planned))
+        name = metas[planned[k].first].name if k < len(planned) else "(none)"
+        raise UpdateRejected(
+            "buckets",
+            f"{len(digests)} buckets declared, the params make {len(planned)}; first tensor "
+            f"not matched: {name!r}",
+        )
 
 
 class ServerControl:
     """Holds the engine client, the served weight version and the update lock."""
 
-    def __init__(self, engine, manifest: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    def __init__(
+        self, engine, manifest: dict[str, tuple[tuple[int, ...], str]],
+        served_dtype: str = "float32", bind_host: str | None = None,
+    ) -> None:  # fmt: skip
         self.engine = engine
         self.manifest = manifest
+        self.served_dtype = served_dtype
+        self.bind_host = bind_host  # where the worker's gloo sockets listen
+        self.stuck: str | None = None  # why the worker cannot take calls any more
         self.version = 0
         self.num_updates = 0
         self.last_pause_s: float | None = None
@@ -103,31 +169,57 @@ class ServerControl:
     async def join_group(
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
     ) -> None:
-        args = (host, port, rank, world_size, backend, timeout_s)
-        await self.engine.collective_rpc("tandem_join", timeout=timeout_s + 5, args=args)
+        """Join (or re-create) the weight group; the worker gives up after ``timeout_s``."""
+        args = (host, port, rank, world_size, backend, timeout_s, self.bind_host)
+        async with self._lock:  # never while an update is receiving
+            await self._rpc("tandem_join", timeout_s + 5, args)
 
-    async def update(self, version: int, metas: list[ParamMeta], timeout_s: float) -> UpdateResult:
-        check_metas(metas, self.manifest)
+    async def update(
+        self, version: int, metas: list[ParamMeta], digests: list[BucketDigest], timeout_s: float
+    ) -> UpdateResult:
+        check_metas(metas, self.manifest, self.served_dtype)
+        check_digests(metas, digests)
         wire = [(m.name, m.shape, m.dtype) for m in metas]
         async with self._lock:
             start = time.perf_counter()
             self._not_updating.clear()
             try:
                 await self._pause()
-                stages = await self._receive(version, wire, timeout_s)
+                stages = await self._receive(version, wire, digests, timeout_s)
             finally:
                 await self.engine.resume_generation()
                 self._not_updating.set()
                 self.last_pause_s = time.perf_counter() - start
-        return UpdateResult(version, len(metas), self.last_pause_s, stages[0] if stages else {})
+        return UpdateResult(version, len(metas), self.last_pause_s, stages)
 
-    async def _receive(self, version: int, wire: list, timeout_s: float) -> list:
-        """Receive and load inside the worker; the new version serves from now on."""
-        stages = await self.engine.collective_rpc("tandem_receive", timeout=timeout_s, args=(wire,))
+    async def _receive(
+        self, version: int, wire: list, digests: list[BucketDigest], timeout_s: float
+    ) -> dict[str, float]:
+        """Receive, verify and load inside the worker; the new version serves from now on."""
+        args = (wire, [asdict(d) for d in digests], timeout_s * COLLECTIVE_SHARE)
+        per_worker = await self._rpc("tandem_receive", timeout_s, args)
+        for answer in per_worker:
+            failure = answer.get("failure")
+            if failure:
+                status = STATUS_OF_FAILURE.get(failure["kind"], 422)
+                raise UpdateRejected(failure["field"], failure["message"], status)
         self.version = version
         self.num_updates += 1
         self.history.served(version, time.monotonic())  # nothing is scheduled while paused
-        return stages
+        return per_worker[0] if per_worker else {}
+
+    async def _rpc(self, method: str, timeout_s: float, args: tuple) -> list:
+        """``collective_rpc`` that never leaves a late answer behind: the worker's own
+        deadlines are shorter, so a timeout here means the worker is stuck for good."""
+        if self.stuck:
+            raise UpdateRejected("worker", self.stuck, 503)
+        try:
+            return await self.engine.collective_rpc(method, timeout=timeout_s, args=args)
+        except Exception as err:  # the engine core reports its RPC timeout as an error string
+            if not isinstance(err, TimeoutError) and "timed out" not in str(err):
+                raise
+            self.stuck = f"the model worker did not return from {method} within {timeout_s} s"
+            raise UpdateRejected("worker", self.stuck, 503) from None
 
     async def _pause(self) -> None:
         """``pause_generation(mode="keep", clear_cache=False)`` without its trailing sleep.

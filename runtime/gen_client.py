@@ -18,6 +18,17 @@ from policies.records import Completion, FinishReason, Request
 from runtime.server import SERVED_MODEL_NAME
 
 
+class SampleFailed(RuntimeError):
+    """The server could not generate one sample (its error line names why)."""
+
+    def __init__(self, request: Request, instance_id: int, error: str) -> None:
+        super().__init__(
+            f"sample {request.sample_id} (prompt {request.prompt_id}) failed on generation "
+            f"server {instance_id}: {error}"
+        )
+        self.request = request
+
+
 @dataclass(slots=True, frozen=True)
 class Generated:
     """A completion plus what only the live runtime knows about it."""
@@ -45,12 +56,18 @@ def completion_body(request: Request, temperature: float, priority: int, seed: i
 class GenerationClient:
     """Sends completions to one server (``instance_id``) over a shared connection pool."""
 
-    def __init__(self, instance_id: int, base_url: str, temperature: float) -> None:
+    def __init__(
+        self, instance_id: int, base_url: str, temperature: float, api_key: str | None = None
+    ) -> None:
         self.instance_id = instance_id
         self.base_url = base_url
         self.temperature = temperature
+        self.api_key = api_key
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=600.0, limits=limits)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._http = httpx.AsyncClient(
+            base_url=base_url, timeout=600.0, limits=limits, headers=headers
+        )
 
     async def generate(
         self, request: Request, dispatch_s: float, clock, priority: int = 0, seed: int | None = None
@@ -79,6 +96,10 @@ class GenerationClient:
         )
         return Generated(completion, choice["text"], tuple(choice["prompt_token_ids"]))
 
+    def reconnected(self, base_url: str) -> GenerationClient:
+        """A new client for the same instance (a restarted server: fresh connections)."""
+        return GenerationClient(self.instance_id, base_url, self.temperature, self.api_key)
+
     @property
     def http(self) -> httpx.AsyncClient:
         """The pooled HTTP client (keep-alive connections to this server)."""
@@ -106,7 +127,7 @@ class GenerationClient:
 
     def _streamed(self, d: dict, requests, dispatch_s, start_s, end_s) -> Generated:
         if "error" in d:
-            raise RuntimeError(f"sample {requests[d['index']].sample_id} failed: {d['error']}")
+            raise SampleFailed(requests[d["index"]], self.instance_id, d["error"])
         token_ids = tuple(d["token_ids"])
         completion = Completion(
             request=requests[d["index"]],

@@ -5,18 +5,26 @@ the trainer as separate processes, generation pinned to the first half of this
 machine's cores and training to the second, joins the weight group, loads the trainer's
 weights on every server, drives the spec's pipeline-mode controller with the
 :class:`runtime.actor.Actor`, and returns a :class:`RunResult` (also saved to
-``out_dir``). Ctrl-C or a crash stops every process it started. A run directory holding
+``out_dir``). Ctrl-C or a crash stops every process it started (and a killed launcher
+takes them with it: :mod:`runtime.procs`). A run directory holding
 ``checkpoints/last.pt`` resumes after the last checkpointed step: trained samples come
 from the checkpoint, every other sample is generated again with its own sample id
-(:class:`ResumablePrompts`), so none is lost or trained twice in any mode.
+(:class:`ResumablePrompts`), so none is lost or trained twice in any mode. It resumes
+only with a spec that trains the same thing (:mod:`runtime.run_dir`).
+
+A server that dies mid-run is survived while another one serves
+(:mod:`runtime.server_faults`); when the last one dies the run stops with one line
+naming the process and the command that resumes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import secrets
 from collections import deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from policies.build import ExecutorInputs, RunPolicies, build_policies, instance_views, mode_of
@@ -29,6 +37,7 @@ from policies.rng import RngStreams
 from policies.spec import RunSpec
 from runtime.actor import Actor, ActorConfig
 from runtime.cost import live_cost_model
+from runtime.errors import LiveRunError
 from runtime.gen_client import GenerationClient
 from runtime.procs import (
     ServerProcess,
@@ -39,9 +48,12 @@ from runtime.procs import (
     wait_healthy,
 )
 from runtime.recorder import Recorder
+from runtime.run_dir import RunDir
+from runtime.server_faults import ServersLost
+from runtime.supervisor import Servers, ServerSlot
 from runtime.tasks import TaskPromptSource, TaskSet
 from runtime.trainer import TrainerConfig
-from runtime.trainer_proc import ServerAddr, TrainerProcess
+from runtime.trainer_proc import TrainerProcess
 
 
 class ResumablePrompts:
@@ -97,32 +109,44 @@ def _check_supported(spec: RunSpec) -> None:
         pass  # both work: the oracle is the task's answer length; elastic never scales live
 
 
+AfterStep = Callable[[int], Awaitable[None]]
+
+
 def run_live(
-    spec: RunSpec, out_dir: Path, length_predictor: LengthPredictor | None = None
-) -> RunResult:
+    spec: RunSpec, out_dir: Path, length_predictor: LengthPredictor | None = None,
+    force_new_spec: bool = False, after_step: AfterStep | None = None,
+) -> RunResult:  # fmt: skip
     """Run ``spec`` on real vLLM servers and a torch trainer; write and return the result.
 
     ``length_predictor``: the predictor behind ``policies.length_predictor: ranker`` (built
     by the caller, e.g. an empty ``ranker.online.RankerPredictor``); one that can
-    ``update`` learns from the run's own completions as they finish."""
+    ``update`` learns from the run's own completions as they finish. ``force_new_spec``:
+    resume a run directory even with a spec that changes training. ``after_step(step)``
+    is awaited after every optimizer step and its checkpoint (progress, tests)."""
     _check_supported(spec)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = RunDir(Path(out_dir))
+    run_dir.prepare(spec, force_new_spec)  # before anything starts
     model_dir = model_dir_for(spec)
     token = spec.live.token or secrets.token_hex(16)
     gen_cores, train_cores = split_cores(spec.live.num_servers)
-    servers: list[ServerProcess] = []
+    started: list[ServerProcess] = []
     trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores, spec.live.trainer_nice)
+    servers = Servers([], token)
     try:
-        urls = spec.live.server_urls or _start_servers(
-            spec, model_dir, token, gen_cores, out_dir, servers
-        )
+        servers = _servers(spec, model_dir, token, gen_cores, run_dir.path, started)
         trainer.start()
-        return asyncio.run(_run(spec, out_dir, trainer, urls, token, length_predictor))
+        run_dir.record_processes(
+            {"trainer": trainer.pid, **{f"server-{p.instance_id}": p.proc.pid for p in started}}
+        )
+        run = _run(spec, run_dir, trainer, servers, length_predictor, after_step)
+        return asyncio.run(run)
+    except ServersLost as err:
+        raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
     finally:
         trainer.stop()
-        for s in servers:
+        for s in started:
             stop_server(s)
+        servers.stop_all()  # restarted ones too
 
 
 def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
@@ -136,32 +160,33 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
     )  # fmt: skip
 
 
-def _start_servers(spec, model_dir, token, cores, out_dir, servers) -> list[str]:
+def _servers(spec, model_dir, token, cores, out_dir, started) -> Servers:
+    """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
     live = spec.live
-    for i in range(live.num_servers):
-        servers.append(
-            start_server(
-                i,
-                model_dir,
-                live.host,
-                live.base_port + i,
-                token,
-                cores,
-                live.kv_cache_gib,
-                live.max_model_len,
-                spec.cluster.generation[0].max_num_seqs,
-                out_dir / "logs",
-            )  # fmt: skip
-        )
-    for s in servers:
+    if live.server_urls:
+        return Servers([ServerSlot(i, u) for i, u in enumerate(live.server_urls)], token)
+    start = functools.partial(_start_server, spec, model_dir, token, cores, out_dir)
+    started.extend(start(i) for i in range(live.num_servers))
+    for s in started:
         wait_healthy(s, live.startup_timeout_s)
-    return [s.base_url for s in servers]
+    slots = [ServerSlot(s.instance_id, s.base_url, s) for s in started]
+    return Servers(slots, token, start if live.restart_servers else None, live.startup_timeout_s)
+
+
+def _start_server(spec, model_dir, token, cores, out_dir, i: int) -> ServerProcess:
+    live = spec.live
+    return start_server(
+        i, model_dir, live.host, live.base_port + i, token, cores, live.kv_cache_gib,
+        live.max_model_len, spec.cluster.generation[0].max_num_seqs, out_dir / "logs",
+        api_key=live.api_key,
+    )  # fmt: skip
 
 
 async def _run(
-    spec: RunSpec, out_dir: Path, trainer: TrainerProcess, urls, token, length_predictor
-) -> RunResult:
-    ckpt = out_dir / "checkpoints" / "last.pt"
+    spec: RunSpec, run_dir: RunDir, trainer: TrainerProcess, servers: Servers,
+    length_predictor, after_step: AfterStep | None,
+) -> RunResult:  # fmt: skip
+    ckpt = run_dir.checkpoint
     position = await trainer.initialise(str(ckpt))
     recorder, trained_ids = Recorder(), set()
     offset, time_offset_s = 0, 0.0
@@ -169,25 +194,32 @@ async def _run(
         trained_ids = {s.sample_id for s in position.samples}
         offset, time_offset_s = position.next_step, position.time_s
         recorder = Recorder.resumed(position)
-    addrs = [ServerAddr(u, token) for u in urls]
+    recorder.on_fault = run_dir.append_fault  # faults.json is current during the run
+    ids = sorted(servers.slots)
     backend = "nccl" if spec.live.device == "cuda" else "gloo"
-    await trainer.join_group(addrs, "127.0.0.1", free_port(), backend)
-    clients = {i: GenerationClient(i, u, spec.live.temperature) for i, u in enumerate(urls)}
+    host = spec.live.host
+    await trainer.join_group([servers.addr(i) for i in ids], host, free_port(host), backend)
+    clients = {
+        i: GenerationClient(i, servers.slots[i].base_url, spec.live.temperature, spec.live.api_key)
+        for i in ids
+    }
     try:
         end_s = time_offset_s
-        remaining = spec.run.iterations - offset
-        if remaining > 0:
+        if spec.run.iterations - offset > 0:
             actor = _make_actor(
                 spec, clients, trainer, recorder, trained_ids, offset, str(ckpt), length_predictor
             )
+            actor.faults.servers, actor.after_step = servers, after_step
             actor.start_clock(time_offset_s)
             await actor.push_now(offset)  # the servers serve the trainer's weights
             end_s = await actor.run()
     finally:
         for c in clients.values():
             await c.aclose()
-    result = _result(spec, recorder, end_s, len(urls))
-    result.save(out_dir)
+    result = _result(spec, recorder, end_s, len(ids))
+    lost = [f for f in run_dir.faults() if f["event"] == "lost"]
+    result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
+    result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
     return result
 
 
@@ -204,6 +236,8 @@ def _make_actor(
     config = ActorConfig(
         group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
         checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
+        weight_host=spec.live.host,
+        weight_backend="nccl" if spec.live.device == "cuda" else "gloo",
     )  # fmt: skip
     predictor = policies.predictor
     learn = predictor.update if isinstance(predictor, OnlineLengthPredictor) else None

@@ -1,9 +1,15 @@
-"""Local processes of a live run: generation servers, core pinning, clean shutdown."""
+"""Local processes of a live run: generation servers, core pinning, clean shutdown.
+
+Nothing a run starts outlives it: every server runs in its own process group (session),
+which :func:`stop_server` always kills whole, even when its leader is already gone; and
+every child is asked to die with its parent (:func:`die_with_parent`, Linux's
+``PR_SET_PDEATHSIG``): the trainer, each server, and (:func:`reap_forks_with_parent`,
+installed by the server) the engine-core and worker processes vLLM forks below it.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -15,15 +21,12 @@ from pathlib import Path
 
 import httpx
 
+from runtime.errors import ProcessDied, describe_exit
+from runtime.lifetime import die_with_parent, reap_forks_with_parent
+
+__all__ = ["die_with_parent", "reap_forks_with_parent"]  # their home: runtime.lifetime
+
 ENGINE_CORES_ENV = "TANDEM_ENGINE_CORES"  # cores the server pins its engine processes to
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (a crashed launcher)."""
-    with contextlib.suppress(OSError):  # not Linux: nothing to do
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
 def split_cores(num_servers: int) -> tuple[list[int], list[int]]:
@@ -35,9 +38,9 @@ def split_cores(num_servers: int) -> tuple[list[int], list[int]]:
     return cores[:half], cores[half:]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -52,6 +55,7 @@ class ServerProcess:
 def start_server(
     instance_id: int, model_dir: str, host: str, port: int, token: str, cores: list[int],
     kv_cache_gib: float, max_model_len: int, max_num_seqs: int, log_dir: Path,
+    api_key: str | None = None,
 ) -> ServerProcess:  # fmt: skip
     """``python -m runtime.server`` with its engine pinned to ``cores``, in its own session.
 
@@ -66,6 +70,7 @@ def start_server(
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),  # whole GiB
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
         ENGINE_CORES_ENV: ",".join(map(str, cores)),
+        "TANDEM_API_KEY": api_key or "",
     }
     cmd = [
         sys.executable, "-m", "runtime.server", model_dir, "--host", host, "--port", str(port),
@@ -73,9 +78,10 @@ def start_server(
     ]  # fmt: skip
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{instance_id}.log"
+    launcher_pid = os.getpid()
 
     def setup() -> None:
-        die_with_parent()
+        die_with_parent(signal.SIGKILL, launcher_pid)
 
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -85,29 +91,53 @@ def start_server(
     return ServerProcess(instance_id, f"http://{host}:{port}", proc, log_path)
 
 
+def describe_server(server: ServerProcess) -> str:
+    """``generation server 1 (pid 4242, http://...)``: how errors name a server."""
+    return f"generation server {server.instance_id} (pid {server.proc.pid}, {server.base_url})"
+
+
+def server_died(server: ServerProcess, when: str) -> ProcessDied:
+    """The error for a server that exited: names it, its exit signal and its log."""
+    how = describe_exit(server.proc.poll())
+    return ProcessDied(f"{describe_server(server)} {how} {when} (log: {server.log_path})")
+
+
 def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
             tail = server.log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"server {server.instance_id} exited:\n{tail}")
+            error = server_died(server, "during start-up")
+            raise ProcessDied(f"{error}; its log ends:\n{tail}")
         try:
             if httpx.get(server.base_url + "/health", timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"server {server.instance_id} not healthy after {timeout_s} s")
+    raise TimeoutError(f"{describe_server(server)} not healthy after {timeout_s} s")
+
+
+def group_alive(pgid: int) -> bool:
+    """Is any process of process group ``pgid`` still running (zombies do not count)?"""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
 
 
 def stop_server(server: ServerProcess, grace_s: float = 15.0) -> None:
-    """SIGTERM the server's process group (API server and engine core), then SIGKILL."""
-    if server.proc.poll() is not None:
-        return
-    pgid = os.getpgid(server.proc.pid)
-    os.killpg(pgid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        server.proc.wait(timeout=grace_s)
-    with contextlib.suppress(ProcessLookupError):
+    """SIGTERM the server's whole process group (API server, engine core, worker), then
+    SIGKILL what is left. Always the group: a leader that already died (killed, crashed)
+    leaves its engine processes running otherwise."""
+    pgid = server.proc.pid  # started with start_new_session: the leader's pid is the group's
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and (server.proc.poll() is None or group_alive(pgid)):
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     server.proc.wait()

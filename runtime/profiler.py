@@ -279,6 +279,8 @@ async def _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tic
         start = time.perf_counter()
         result = await trainer.push_weights(i + 1)
         transfer_s = time.perf_counter() - start
+        if result.failures:
+            raise RuntimeError(f"weight push {i + 1} failed: {result.failures[0]}")
         if load is not None:
             await load
         rows.append(

@@ -1,4 +1,5 @@
-"""What a live run records: one :class:`SampleRecord` per sample, :class:`Span` per activity.
+"""What a live run records: one :class:`SampleRecord` per sample, :class:`Span` per activity,
+one :class:`Fault` per server lost or restarted.
 
 A generation instance counts as busy (``decode``) while at least one of its requests is
 outstanding: the server is a continuous-batching black box, so prefill is not separated.
@@ -6,11 +7,24 @@ outstanding: the server is a continuous-batching black box, so prefill is not se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from policies.records import Completion, Request, SampleRecord, Span, SpanKind
 from policies.resources import generation_resource
+
+
+@dataclass(slots=True, frozen=True)
+class Fault:
+    """A server lost, restarted or rejoined (``faults.json`` of the run directory)."""
+
+    time_s: float
+    instance_id: int
+    event: str  # "lost" | "restarted" | "restart-failed" | "rejoined"
+    detail: str
+    num_resubmitted: int = 0  # lost: its requests, dispatched again to the others
+    version: int | None = None  # rejoined: the weight version it serves from then on
 
 
 @dataclass(slots=True)
@@ -55,6 +69,8 @@ class Recorder:
         self._outstanding: dict[int, int] = {}  # instance id -> requests in flight
         self._busy_since: dict[int, float] = {}
         self._max_batch: dict[int, int] = {}
+        self.faults: list[Fault] = []
+        self.on_fault: Callable[[Fault], None] | None = None  # e.g. append to faults.json
 
     @classmethod
     def resumed(cls, position: DataPosition) -> Recorder:
@@ -95,6 +111,17 @@ class Recorder:
                     batch,
                 )
             )
+
+    def lost(self, instance_id: int, now_s: float, iteration: int | None) -> None:
+        """The instance is gone with what it was running: its busy span ends now."""
+        if self._outstanding.get(instance_id, 0) > 0:
+            self._outstanding[instance_id] = 1
+            self.returned(instance_id, now_s, iteration if iteration is not None else 0)
+
+    def fault(self, fault: Fault) -> None:
+        self.faults.append(fault)
+        if self.on_fault is not None:
+            self.on_fault(fault)
 
     def iteration(self, r: Request) -> int:
         """The request's own (global) iteration, whatever the controller numbered it."""

@@ -13,7 +13,12 @@ vLLM builds the app (``/v1/completions``, ``/v1/chat/completions``, ... on an
 * the headers ``X-Tandem-Version-Start`` / ``X-Tandem-Version-End`` on every response: the
   weight version when the request arrived and when its response started.
 
-Control routes need ``Authorization: Bearer <token>``. Binds 127.0.0.1 by default.
+Every request passes :class:`runtime.guard.Guard` first, before its body is read: control
+routes (ours and any other route that is neither inference nor a public probe) need
+``Authorization: Bearer <token>``, inference routes the API key if one is set, and
+bodies are capped. The server refuses to start without a token unless told
+``--insecure-no-token``. Binds 127.0.0.1 by default. Every process vLLM starts below it
+dies with it (:func:`runtime.procs.reap_forks_with_parent`).
 """
 
 from __future__ import annotations
@@ -21,19 +26,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
+import signal
+import sys
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware import Middleware
 
 from runtime.batch_gen import BatchBody, BatchGenerator
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
-from runtime.procs import ENGINE_CORES_ENV
-from runtime.weight_sync import ParamMeta
+from runtime.guard import Guard, GuardPolicy
+from runtime.procs import ENGINE_CORES_ENV, die_with_parent, reap_forks_with_parent
+from runtime.weight_sync import BucketDigest, ParamMeta
 
 SERVED_MODEL_NAME = "tandem"
+
+if __name__ == "__mp_main__":  # a process vLLM spawned below this server: die with it
+    die_with_parent(signal.SIGKILL)
 
 
 class _Body(BaseModel):
@@ -55,10 +65,23 @@ class ParamBody(_Body):
     dtype: str
 
 
+class BucketBody(_Body):
+    dtype: str
+    num_tensors: int = Field(ge=1)
+    num_bytes: int = Field(ge=0)
+    blake2b: str = Field(pattern="^[0-9a-f]{32}$", description="16-byte BLAKE2b, hex")
+
+
 class WeightUpdateBody(_Body):
     version: int = Field(ge=0)
     params: list[ParamBody] = Field(min_length=1, description="in broadcast order")
-    timeout_s: float = Field(120.0, gt=0)
+    buckets: list[BucketBody] | None = Field(
+        None, description="what the sender broadcasts, bucket by bucket; required (verified), "
+        "checked after params so that a bad param is named first",
+    )  # fmt: skip
+    timeout_s: float = Field(
+        120.0, gt=0, description="the route answers within this; the receive gets 3/4 of it"
+    )
 
 
 class UpdateResponse(_Body):
@@ -75,52 +98,43 @@ class HealthResponse(_Body):
     last_pause_s: float | None
 
 
-def _auth(token: str | None):
-    def check(authorization: str | None = Header(None)) -> None:
-        if token is None:
-            return
-        if authorization is None:
-            raise HTTPException(401, "missing Authorization: Bearer <token>")
-        if not secrets.compare_digest(authorization, f"Bearer {token}"):
-            raise HTTPException(403, "wrong bearer token")
-
-    return check
-
-
-def control_router(control: ServerControl, token: str | None) -> APIRouter:
-    guarded = [Depends(_auth(token))]
+def control_router(control: ServerControl) -> APIRouter:
+    """The contract's routes (the :class:`runtime.guard.Guard` in front checks tokens)."""
     router = APIRouter()
 
     @router.get("/health")
-    async def health() -> HealthResponse:
-        return HealthResponse(
-            status="ok",
+    async def health() -> JSONResponse:
+        body = HealthResponse(
+            status="stuck" if control.stuck else "ok",
             version=control.version,
             num_updates=control.num_updates,
             last_pause_s=control.last_pause_s,
         )
+        return JSONResponse(body.model_dump(), status_code=503 if control.stuck else 200)
 
-    @router.post("/init_process_group", dependencies=guarded)
+    @router.post("/init_process_group")
     async def init_process_group(body: InitGroupBody) -> dict:
         if body.rank >= body.world_size:
             raise HTTPException(400, f"rank: {body.rank} must be < world_size {body.world_size}")
-        await control.join_group(
-            body.master_addr,
-            body.master_port,
-            body.rank,
-            body.world_size,
-            body.backend,
-            body.timeout_s,
-        )
+        try:
+            await control.join_group(
+                body.master_addr, body.master_port, body.rank, body.world_size, body.backend,
+                body.timeout_s,
+            )  # fmt: skip
+        except UpdateRejected as err:
+            raise HTTPException(err.status, str(err)) from None
+        except Exception as err:  # the trainer never came (timeout), wrong address...
+            raise HTTPException(504, f"joining the weight group failed: {err}") from None
         return {"joined": True, "rank": body.rank}
 
-    @router.post("/request_weight_update", dependencies=guarded)
+    @router.post("/request_weight_update")
     async def request_weight_update(body: WeightUpdateBody) -> UpdateResponse:
         metas = [ParamMeta(p.name, tuple(p.shape), p.dtype) for p in body.params]
+        digests = [BucketDigest(**b.model_dump()) for b in body.buckets or []]
         try:
-            result = await control.update(body.version, metas, body.timeout_s)
-        except UpdateRejected as err:
-            raise HTTPException(400, str(err)) from None
+            result = await control.update(body.version, metas, digests, body.timeout_s)
+        except UpdateRejected as err:  # the previous weights keep serving
+            raise HTTPException(err.status, str(err)) from None
         except Exception as err:  # the previous weights keep serving
             raise HTTPException(500, f"weight update failed: {err}") from None
         return UpdateResponse(
@@ -136,7 +150,7 @@ def control_router(control: ServerControl, token: str | None) -> APIRouter:
     async def tandem_generate(body: BatchBody) -> StreamingResponse:
         return StreamingResponse(batch.stream(body), media_type="application/x-ndjson")
 
-    @router.get("/weights/checksums", dependencies=guarded)
+    @router.get("/weights/checksums")
     async def checksums() -> dict:
         return {"version": control.version, "checksums": await control.checksums()}
 
@@ -167,11 +181,13 @@ class VersionHeaders:
         await self.app(scope, receive, send_with_version)
 
 
-def mount_contract(app: FastAPI, control: ServerControl, token: str | None) -> None:
+def mount_contract(app: FastAPI, control: ServerControl, policy: GuardPolicy) -> None:
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
-    app.include_router(control_router(control, token))
-    # vLLM has already built the middleware stack: add ours and let Starlette rebuild it
+    app.include_router(control_router(control))
+    # vLLM has already built the middleware stack: add ours and let Starlette rebuild it;
+    # the guard goes first (outermost): nothing is read before it has checked
     app.user_middleware.insert(0, Middleware(VersionHeaders, control=control))
+    app.user_middleware.insert(0, Middleware(Guard, policy=policy))
     app.middleware_stack = None
 
 
@@ -208,7 +224,7 @@ def restrict_for_engine_start(cores: str | None) -> set[int]:
     return before
 
 
-async def _serve(args: argparse.Namespace, token: str | None) -> None:
+async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -220,9 +236,10 @@ async def _serve(args: argparse.Namespace, token: str | None) -> None:
         os.sched_setaffinity(0, frontend_cores)
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
-        control = ServerControl(engine, checkpoint_manifest(args.model))
+        served_dtype = str(engine.model_config.dtype).removeprefix("torch.")
+        control = ServerControl(engine, checkpoint_manifest(args.model), served_dtype, args.host)
         control.salt_requests()  # prompt KV is shared within one weight version only
-        mount_contract(app, control, token)
+        mount_contract(app, control, policy)
         await init_app_state(engine, app.state, args, tasks)
         shutdown = await serve_http(
             app, sock=sock, host=args.host, port=args.port, log_level="warning", access_log=False
@@ -234,13 +251,16 @@ async def _serve(args: argparse.Namespace, token: str | None) -> None:
 
 
 def serve_main(
-    model_dir: str, host: str = "127.0.0.1", port: int = 8400, token: str | None = None,
+    model_dir: str, host: str = "127.0.0.1", port: int = 8400, policy: GuardPolicy | None = None,
     max_model_len: int = 512, max_num_seqs: int = 64,
 ) -> None:  # fmt: skip
-    """Serve ``model_dir`` until interrupted (the ``tandem serve`` command)."""
+    """Serve ``model_dir`` until interrupted (``python -m runtime.server``, ``tandem serve``)."""
+    if policy is None or (policy.token is None and not policy.insecure_no_token):
+        raise ValueError("the control routes need a token (or insecure_no_token)")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    reap_forks_with_parent()  # before vLLM forks its engine core and worker
     args = vllm_args(model_dir, host, port, max_model_len, max_num_seqs)
-    asyncio.run(_serve(args, token))
+    asyncio.run(_serve(args, policy))
 
 
 def main() -> None:
@@ -248,11 +268,19 @@ def main() -> None:
     parser.add_argument("model_dir")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8400)
-    parser.add_argument("--token", default=os.environ.get("TANDEM_TOKEN"))
+    parser.add_argument("--token", default=os.environ.get("TANDEM_TOKEN") or None)
+    parser.add_argument("--insecure-no-token", action="store_true")
+    parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     ns = parser.parse_args()
-    serve_main(ns.model_dir, ns.host, ns.port, ns.token, ns.max_model_len, ns.max_num_seqs)
+    if ns.token is None and not ns.insecure_no_token:
+        sys.exit(
+            "runtime.server: the control routes need a token: --token SECRET (or "
+            "TANDEM_TOKEN), or --insecure-no-token to leave them open"
+        )
+    policy = GuardPolicy(token=ns.token, api_key=ns.api_key, insecure_no_token=ns.insecure_no_token)
+    serve_main(ns.model_dir, ns.host, ns.port, policy, ns.max_model_len, ns.max_num_seqs)
 
 
 if __name__ == "__main__":

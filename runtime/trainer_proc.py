@@ -4,7 +4,10 @@
 :class:`runtime.trainer.Trainer` and answers one call at a time over a pipe. The child
 is also rank 0 of the weight group and drives ``/init_process_group`` and
 ``/request_weight_update`` on every server (one thread per server, while the main
-thread broadcasts).
+thread broadcasts). An update states each bucket's sizes and content hash, which the
+servers check before loading. A push that fails on some servers reports which
+(:attr:`PushResult.failures`) and leaves the group, so that the caller can re-create it
+with the servers still alive and push again. The child dies with its parent.
 """
 
 from __future__ import annotations
@@ -13,17 +16,23 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from policies.records import StepStats
+from runtime.errors import ProcessDied, describe_exit
+from runtime.procs import die_with_parent
 from runtime.recorder import DataPosition
 from runtime.trainer import Trainer, TrainerConfig, TrainItem
+
+JOIN_TIMEOUT_S = 60.0  # every rank must have joined the weight group by then
+PUSH_TIMEOUT_S = 30.0  # a server answers an update within this (it receives for 3/4 of it)
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,8 +44,9 @@ class ServerAddr:
 @dataclass(slots=True, frozen=True)
 class PushResult:
     version: int
-    pause_s: list[float]  # per server, the pause its generation saw
+    pause_s: list[float]  # per server, the pause its generation saw (0 where it failed)
     stages_ms: list[dict[str, float]]  # per server: receive / check / load durations
+    failures: dict[int, str] = field(default_factory=dict)  # server index -> why it failed
 
 
 def _post(
@@ -65,17 +75,27 @@ def _fan_out(
     return threads, out
 
 
-def _join(threads: list[threading.Thread], out: list, route: str) -> list[dict]:
+def _answers(threads: list[threading.Thread], out: list, route: str) -> list[dict | str]:
+    """Each server's JSON answer, or a one-line reason where it failed."""
     for t in threads:
         t.join()
-    results = []
+    results: list[dict | str] = []
     for r in out:
         if isinstance(r, Exception) or r is None:
-            raise RuntimeError(f"{route} failed: {r!r}")
-        if r.status_code != 200:
-            raise RuntimeError(f"{route} answered {r.status_code}: {r.text}")
-        results.append(r.json())
+            results.append(f"{route} failed: {type(r).__name__}: {r}")
+        elif r.status_code != 200:
+            results.append(f"{route} answered {r.status_code}: {r.text[:500]}")
+        else:
+            results.append(r.json())
     return results
+
+
+def _join(threads: list[threading.Thread], out: list, route: str) -> list[dict]:
+    results = _answers(threads, out, route)
+    for i, r in enumerate(results):
+        if isinstance(r, str):
+            raise RuntimeError(f"server {i}: {r}")
+    return results  # type: ignore[return-value]
 
 
 class TrainerWorker:
@@ -99,24 +119,40 @@ class TrainerWorker:
         world = len(servers) + 1
         bodies = [
             {"master_addr": host, "master_port": port, "rank": i + 1, "world_size": world,
-             "backend": backend, "timeout_s": 60.0}
+             "backend": backend, "timeout_s": JOIN_TIMEOUT_S}
             for i in range(len(servers))
         ]  # fmt: skip
-        threads, out = _fan_out(self.http, servers, "/init_process_group", bodies, 90.0)
-        self.trainer.sender.join(host, port, world, backend, 60.0)
-        _join(threads, out, "/init_process_group")
+        threads, out = _fan_out(
+            self.http, servers, "/init_process_group", bodies, JOIN_TIMEOUT_S + 30
+        )
+        try:
+            self.trainer.sender.join(host, port, world, backend, JOIN_TIMEOUT_S)
+        finally:
+            _join(threads, out, "/init_process_group")
 
     def push_weights(self, version: int) -> PushResult:
+        """Send the weights to every server of the group; a server that fails is named in
+        ``failures`` (and the group is left: re-create it before the next push)."""
         named = self.trainer.named_weights()
         flats = self.trainer.sender.pack(named)  # before any server pauses
-        body = {"version": version, "params": self.trainer.weights_meta()}
+        digests = [asdict(d) for d in self.trainer.sender.digests(named, flats)]
+        body = {"version": version, "params": self.trainer.weights_meta(), "buckets": digests,
+                "timeout_s": PUSH_TIMEOUT_S}  # fmt: skip
         threads, out = _fan_out(
-            self.http, self.servers, "/request_weight_update", [body] * len(self.servers), 120.0
-        )
-        self.trainer.sender.send(flats)
-        answers = _join(threads, out, "/request_weight_update")
+            self.http, self.servers, "/request_weight_update", [body] * len(self.servers),
+            PUSH_TIMEOUT_S + 10,
+        )  # fmt: skip
+        try:
+            self.trainer.sender.send(flats, PUSH_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a peer died or stalled: its answer says which
+            self.trainer.sender.leave()  # closes the group, so the others stop waiting
+        answers = _answers(threads, out, "/request_weight_update")
+        failures = {i: a for i, a in enumerate(answers) if isinstance(a, str)}
+        if failures:
+            self.trainer.sender.leave()
+        ok = [a if isinstance(a, dict) else {"pause_s": 0.0, "stages_ms": {}} for a in answers]
         return PushResult(
-            version, [a["pause_s"] for a in answers], [a["stages_ms"] for a in answers]
+            version, [a["pause_s"] for a in ok], [a["stages_ms"] for a in ok], failures
         )
 
     def train(self, items: list[TrainItem], now_s: float) -> float:
@@ -137,7 +173,10 @@ class TrainerWorker:
 _CALLS = ("initialise", "join_group", "push_weights", "train", "step", "checkpoint", "checksums")
 
 
-def _serve_calls(conn, config: TrainerConfig, cores: list[int] | None, nice: int) -> None:
+def _serve_calls(
+    conn, config: TrainerConfig, cores: list[int] | None, nice: int, parent_pid: int
+) -> None:
+    die_with_parent(signal.SIGKILL, parent_pid)  # a killed launcher leaves no trainer
     if cores:
         os.sched_setaffinity(0, cores)
     if nice:
@@ -174,7 +213,9 @@ class TrainerProcess:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve_calls, args=(child, self.config, self.cores, self.nice), daemon=True
+            target=_serve_calls,
+            args=(child, self.config, self.cores, self.nice, os.getpid()),
+            daemon=True,
         )
         self._proc.start()
         self._conn = parent
@@ -211,9 +252,20 @@ class TrainerProcess:
         async with self._lock:
             return await asyncio.to_thread(self._call_sync, name, *args)
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
     def _call_sync(self, name: str, *args: Any) -> Any:
-        self._conn.send((name, args))
-        ok, value = self._conn.recv()
+        try:
+            self._conn.send((name, args))
+            ok, value = self._conn.recv()
+        except (EOFError, OSError):  # the child is gone: say how it died
+            self._proc.join(timeout=5)
+            raise ProcessDied(
+                f"trainer process (pid {self._proc.pid}) {describe_exit(self._proc.exitcode)} "
+                f"during {name}"
+            ) from None
         if not ok:
             raise RuntimeError(f"trainer {name} failed: {value}")
         return value

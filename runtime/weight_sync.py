@@ -9,19 +9,31 @@ model). Both sides derive the same buckets from the metadata (:func:`plan_bucket
 keep their flat buffers between updates, so an update costs no per-tensor allocation
 and no per-tensor collective.
 
+Updates are verified: the sender states, per bucket, its dtype, tensor count, byte count
+and a content hash (:class:`BucketDigest`, BLAKE2b of the bytes it broadcasts), and the
+receiver checks them against the metadata before pausing and against the bytes received
+before loading. Receive buffers are filled with NaN first, so a tensor that never
+arrived is named as such.
+
 :class:`WeightReceiver` is a vLLM ``worker_extension_cls``: its methods run inside the
 worker through ``collective_rpc``. It receives every bucket first and loads the weights
-only when all arrived and are finite, so a failed update leaves the previous weights
-serving. It alternates between two sets of receive buffers, so the set last loaded is
-never overwritten: per-tensor checksums of the served weights are computed from it on
+only when all arrived, match their digests and are finite, so a failed update leaves the
+previous weights serving. Every receive has a deadline (below the HTTP route's, so the
+worker is free again before the route answers): a sender that stalls or dies costs the
+update, the group is closed and ``/init_process_group`` makes a new one. Failures come
+back as a :class:`ReceiveFailure` value, never as an exception inside vLLM's worker. It
+alternates between two sets of receive buffers, so the set last loaded is never
+overwritten: per-tensor checksums of the served weights are computed from it on
 request, not inside the pause.
 """
 
 from __future__ import annotations
 
+import hashlib
+import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import torch
@@ -67,30 +79,106 @@ def plan_buckets(metas: Sequence[ParamMeta], max_bytes: int = BUCKET_BYTES) -> l
     return out
 
 
+@dataclass(slots=True, frozen=True)
+class BucketDigest:
+    """What the sender states about one bucket it broadcasts (checked before loading)."""
+
+    dtype: str
+    num_tensors: int
+    num_bytes: int
+    blake2b: str  # hex digest (16 bytes) of the bucket's bytes
+
+
+def content_hash(flat: torch.Tensor) -> str:
+    """BLAKE2b (16-byte digest) of a flat tensor's bytes (a host copy if on a GPU)."""
+    data = flat.detach().contiguous().view(torch.uint8).cpu().numpy()
+    return hashlib.blake2b(memoryview(data), digest_size=16).hexdigest()
+
+
+def bucket_digests(buckets: Sequence[Bucket], flats: Sequence[torch.Tensor]) -> list[BucketDigest]:
+    return [
+        BucketDigest(b.dtype, b.count, flat.numel() * flat.element_size(), content_hash(flat))
+        for b, flat in zip(buckets, flats)
+    ]
+
+
+@dataclass(slots=True, frozen=True)
+class ReceiveFailure:
+    """Why an update was not loaded; ``field`` names the request field or tensor at fault."""
+
+    kind: str  # "mismatch" (bad content), "timeout" (nothing or too little arrived), "no-group"
+    field: str
+    message: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def tensor_checksum(t: torch.Tensor) -> tuple[float, float]:
     """(sum, sum of squares) in float64: equal tensors give equal checksums."""
     x = t.detach().to("cpu", torch.float64)
     return float(x.sum()), float((x * x).sum())
 
 
+def master_store(host: str, port: int, world_size: int, timeout: timedelta):
+    """Rank 0's ``TCPStore``, listening on ``host`` only (TCPStore's own socket listens on
+    every interface whatever host it is given)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return torch.distributed.TCPStore(
+        host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )  # fmt: skip
+
+
+def _gloo_options(bind_host: str | None, timeout: timedelta):
+    options = torch.distributed.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    if bind_host and bind_host not in ("0.0.0.0", "::", ""):
+        options._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=bind_host)]
+    else:
+        options._devices = [torch.distributed.ProcessGroupGloo.create_default_device()]
+    return options
+
+
 def make_group(
-    host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
-) -> torch.distributed.ProcessGroup:
-    """Join (rank 0: host) the weight group; blocks until every rank has joined."""
+    host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
+    bind_host: str | None = None,
+) -> torch.distributed.ProcessGroup:  # fmt: skip
+    """Join the weight group (rank 0 hosts its store on ``host``); blocks until every rank
+    has joined. Gloo's own sockets listen on ``bind_host`` (rank 0: ``host``)."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}")
     timeout = timedelta(seconds=timeout_s)
-    store = torch.distributed.TCPStore(
-        host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False
-    )
+    if rank == 0:
+        store = master_store(host, port, world_size, timeout)
+        bind_host = host if bind_host is None else bind_host
+    else:
+        store = torch.distributed.TCPStore(
+            host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False
+        )
     if backend == "nccl":
         return torch.distributed.ProcessGroupNCCL(store, rank, world_size)
-    if backend != "gloo":
-        raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}")
-    return torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
+    return torch.distributed.ProcessGroupGloo(
+        store, rank, world_size, _gloo_options(bind_host, timeout)
+    )
 
 
-def broadcast(group: torch.distributed.ProcessGroup, tensor: torch.Tensor) -> None:
+def broadcast(
+    group: torch.distributed.ProcessGroup, tensor: torch.Tensor, timeout_s: float | None = None
+) -> None:
+    """Broadcast from rank 0; ``timeout_s`` bounds this one collective (else the group's)."""
     opts = torch.distributed.BroadcastOptions()
     opts.rootRank = 0
+    if timeout_s is not None:
+        opts.timeout = timedelta(seconds=max(timeout_s, 0.001))
     group.broadcast([tensor], opts).wait()
 
 
@@ -133,8 +221,13 @@ class WeightSender:
         self._buffers = FlatBuffers()
 
     def join(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> None:
+        self._group = None  # a new group replaces the old one (its sockets close)
         self._group = make_group(host, port, 0, world_size, backend, timeout_s)
         self.device = torch.device("cuda" if backend == "nccl" else "cpu")
+
+    def leave(self) -> None:
+        """Drop the group (after a failed send: its peers may be gone or out of step)."""
+        self._group = None
 
     @property
     def joined(self) -> bool:
@@ -150,45 +243,110 @@ class WeightSender:
                 view.copy_(t)
         return flats
 
-    def send(self, flats: Sequence[torch.Tensor]) -> None:
+    def digests(
+        self, named: Sequence[tuple[str, torch.Tensor]], flats: Sequence[torch.Tensor]
+    ) -> list[BucketDigest]:
+        """What the update request states about each packed bucket (sizes, content hash)."""
+        return bucket_digests(plan_buckets(params_meta(named)), flats)
+
+    def send(self, flats: Sequence[torch.Tensor], timeout_s: float | None = None) -> None:
         if self._group is None:
             raise RuntimeError("join the weight group before sending")
         for flat in flats:
-            broadcast(self._group, flat)
+            broadcast(self._group, flat, timeout_s)
 
 
 def params_meta(named: Sequence[tuple[str, torch.Tensor]]) -> list[ParamMeta]:
     return [ParamMeta(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named]
 
 
+def _first_not_received(metas: Sequence[ParamMeta], bucket: Bucket, flat: torch.Tensor) -> int:
+    """Index of the bucket's first tensor still holding some of the NaN fill (-1: none)."""
+    offset = 0
+    for i in range(bucket.first, bucket.first + bucket.count):
+        n = metas[i].numel
+        if n and bool(torch.isnan(flat[offset : offset + n]).any()):
+            return i
+        offset += n
+    return -1
+
+
+def _first_non_finite(metas: Sequence[ParamMeta], views: list[tuple[str, torch.Tensor]]) -> int:
+    for i, (_, view) in enumerate(views):
+        if not bool(torch.isfinite(view).all()):
+            return i
+    return -1
+
+
+def verify(
+    metas: Sequence[ParamMeta], buckets: list[Bucket], flats: list[torch.Tensor],
+    digests: Sequence[BucketDigest],
+) -> ReceiveFailure | None:  # fmt: skip
+    """Received content against the sender's digests, then finiteness; names the first
+    bad tensor (one never received, else the first of a bucket whose hash differs)."""
+    for k, (bucket, flat, digest) in enumerate(zip(buckets, flats, digests)):
+        if content_hash(flat) == digest.blake2b:
+            continue
+        lost = _first_not_received(metas, bucket, flat)
+        if lost >= 0:
+            return ReceiveFailure(
+                "mismatch", f"params[{lost}]",
+                f"tensor {metas[lost].name!r} was not received: the sender broadcast fewer "
+                f"bytes than bucket {k} declares ({digest.num_bytes})",
+            )  # fmt: skip
+        first = metas[bucket.first].name
+        return ReceiveFailure(
+            "mismatch", f"buckets[{k}].blake2b",
+            f"content of params[{bucket.first}..{bucket.first + bucket.count - 1}] (first "
+            f"{first!r}) differs from what the sender hashed",
+        )  # fmt: skip
+    if all(bool(torch.isfinite(flat).all()) for flat in flats):
+        return None
+    bad = _first_non_finite(metas, unpack(metas, buckets, flats))
+    return ReceiveFailure(
+        "mismatch", f"params[{bad}]", f"tensor {metas[bad].name!r} holds non-finite values"
+    )
+
+
 class WeightReceiver:
     """vLLM worker extension: join the weight group, receive and load a weight version."""
 
     def tandem_join(
-        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
-    ) -> bool:
-        self.tandem_group = make_group(host, port, rank, world_size, backend, timeout_s)
-        self.tandem_buffers = (FlatBuffers(), FlatBuffers())  # receive into the one not loaded
-        self.tandem_next = 0
+        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
+        bind_host: str | None = None,
+    ) -> bool:  # fmt: skip
+        self.tandem_group = None  # the previous group (if any) closes first
+        self.tandem_group = make_group(host, port, rank, world_size, backend, timeout_s, bind_host)
+        if not hasattr(self, "tandem_buffers"):
+            self.tandem_buffers = (FlatBuffers(), FlatBuffers())  # receive into the one not loaded
+            self.tandem_next = 0
         return True
 
     def _tandem_device(self) -> torch.device:
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
-    def tandem_receive(self, wire: Sequence[tuple[str, tuple[int, ...], str]]) -> dict:
-        """Receive every bucket, check, then load; returns the stages' durations (ms)."""
+    def tandem_receive(
+        self, wire: Sequence[tuple[str, tuple[int, ...], str]], digests: Sequence[dict],
+        timeout_s: float,
+    ) -> dict:  # fmt: skip
+        """Receive every bucket (within ``timeout_s`` in all), verify, then load.
+
+        Returns the stages' durations (ms), or ``{"failure": ReceiveFailure}`` with the
+        previous weights still loaded."""
         group = getattr(self, "tandem_group", None)
         if group is None:
-            raise RuntimeError("no weight group: call /init_process_group first")
+            return {"failure": ReceiveFailure(
+                "no-group", "version", "no weight group: call /init_process_group first"
+            ).to_dict()}  # fmt: skip
         t0 = time.perf_counter()
         metas = [ParamMeta(n, tuple(s), d) for n, s, d in wire]
         buckets = plan_buckets(metas)
         flats = self.tandem_buffers[self.tandem_next].get(buckets, self._tandem_device())
-        for flat in flats:
-            broadcast(group, flat)
+        failure = self._tandem_broadcasts(group, metas, buckets, flats, t0 + timeout_s)
         t1 = time.perf_counter()
-        if not all(bool(torch.isfinite(flat).all()) for flat in flats):
-            raise ValueError("non-finite weights received; update not loaded")
+        failure = failure or verify(metas, buckets, flats, [BucketDigest(**d) for d in digests])
+        if failure is not None:
+            return {"failure": failure.to_dict()}
         t2 = time.perf_counter()
         self.model_runner.reload_weights(weights_iterator=iter(unpack(metas, buckets, flats)))
         t3 = time.perf_counter()
@@ -199,6 +357,24 @@ class WeightReceiver:
             "check_ms": (t2 - t1) * 1e3,
             "load_ms": (t3 - t2) * 1e3,
         }
+
+    def _tandem_broadcasts(self, group, metas, buckets, flats, deadline: float):
+        """Receive each bucket before ``deadline``; a stall or a broken peer closes the
+        group (it may be out of step now) and comes back as a failure."""
+        for k, flat in enumerate(flats):
+            flat.fill_(float("nan"))  # what never arrives stays NaN
+            try:
+                broadcast(group, flat, deadline - time.perf_counter())
+            except Exception as err:  # noqa: BLE001 - gloo raises RuntimeError for all
+                self.tandem_group = None
+                first = buckets[k].first
+                return ReceiveFailure(
+                    "timeout", f"params[{first}]",
+                    f"bucket {k} (from {metas[first].name!r}) did not arrive: "
+                    f"{str(err).splitlines()[0][-200:]}; the weight group is closed, "
+                    "call /init_process_group again",
+                )  # fmt: skip
+        return None
 
     def tandem_checksums(self) -> dict:
         loaded = getattr(self, "tandem_loaded", None)

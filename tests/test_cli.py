@@ -132,7 +132,7 @@ def test_sweep_reports_a_failing_point_and_keeps_the_others(tmp_path, capsys):
             str(out),
         ]
     )
-    assert code == 0
+    assert code == 1  # issue #16: any failed point makes the sweep exit non-zero
     printed = _flat(capsys.readouterr().out)
     assert "4 points, 2 failed" in printed
     assert "no-such-profile.csv does not exist" in printed

@@ -9,6 +9,8 @@ process boundaries.
 
 from __future__ import annotations
 
+import os
+import signal
 import traceback
 from collections import Counter
 from collections.abc import Sequence
@@ -24,6 +26,7 @@ from policies.records import SpanKind
 from policies.resources import is_link
 from policies.results import RunResult
 from policies.spec import RunSpec, load_spec
+from runtime.lifetime import die_with_parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +151,11 @@ def run_points(
     columns = [*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn()]
     with (
         Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as bar,
-        ProcessPoolExecutor(max_workers=max(1, workers)) as pool,
+        ProcessPoolExecutor(
+            max_workers=max(1, workers),
+            initializer=die_with_parent,
+            initargs=(signal.SIGKILL, os.getpid()),
+        ) as pool,  # workers die with this process
     ):
         task = bar.add_task(label, total=len(unique))
         futures = {pool.submit(run_one, p): p for p in unique}

@@ -14,6 +14,7 @@ from policies.modes.events import (
     Dispatch,
     Event,
     InstanceAdded,
+    InstanceLost,
     OptimizerStep,
     SampleFinished,
     TrainSamples,
@@ -125,11 +126,24 @@ class Controller:
         return [*self._flush(step), OptimizerStep(step)]
 
     def _on_weights_loaded(self, event: WeightsLoaded) -> None:
-        view = self.views[event.instance_id]
-        view.version = max(view.version, event.version)
+        view = self.views.get(event.instance_id)
+        if view is not None:  # None: the instance was lost meanwhile
+            view.version = max(view.version, event.version)
 
     def _on_instance_added(self, event: InstanceAdded) -> None:
         self.views[event.view.instance_id] = event.view
+
+    def _on_instance_lost(self, event: InstanceLost) -> list[Command]:
+        """Forget the instance; send the requests it was running to the others (the same
+        requests: sample ids, groups and iterations stay theirs)."""
+        self.views.pop(event.instance_id, None)
+        if not event.requests or not self.views:
+            return []
+        return self._dispatch_to(list(event.requests), self._resubmit_views())
+
+    def _resubmit_views(self) -> list[InstanceView]:
+        """Where requests dispatched again may go (every instance; a mode may narrow it)."""
+        return list(self.views.values())
 
 
 C = TypeVar("C", bound=type[Controller])

@@ -43,6 +43,16 @@ class RequestsAborted:
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceLost:
+    """A generation instance died: it takes no more work, and ``requests`` (those it was
+    running, every one still to be generated) go to the others with their own ids."""
+
+    time_s: float
+    instance_id: int
+    requests: tuple[Request, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TrainStepDone:
     time_s: float
     stats: StepStats
@@ -71,6 +81,7 @@ Event = (
     Start
     | SampleFinished
     | RequestsAborted
+    | InstanceLost
     | TrainStepDone
     | WeightsLoaded
     | ContextSwitched

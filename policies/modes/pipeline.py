@@ -21,6 +21,7 @@ from policies.modes.events import (
     Command,
     Finish,
     InstanceAdded,
+    InstanceLost,
     PushWeights,
     RequestsAborted,
     SampleFinished,
@@ -63,6 +64,7 @@ class PipelineController(Controller):
             WeightsLoaded: self._on_loaded,
             RequestsAborted: self._on_aborted,
             InstanceAdded: self._on_added,
+            InstanceLost: self._on_lost,
         }
 
     @property
@@ -105,7 +107,15 @@ class PipelineController(Controller):
             view = self.views[event.instance_id]
             view.num_assigned -= 1
             view.assigned_tokens -= r.predicted_tokens or 0.0
-        return self._dispatch_to(list(event.requests), self._open_views() or self._all_views())
+        return self._dispatch_to(list(event.requests), self._resubmit_views())
+
+    def _on_lost(self, event: InstanceLost) -> list[Command]:
+        """Its requests go to the others (their groups keep their counted versions); with
+        one instance fewer, fewer groups start."""
+        return self._on_instance_lost(event) + self._fill()
+
+    def _resubmit_views(self) -> list:
+        return self._open_views() or self._all_views()
 
     def _on_added(self, event: InstanceAdded) -> list[Command]:
         self._on_instance_added(event)

@@ -23,6 +23,7 @@ from policies.modes.events import (
     ContextSwitched,
     Finish,
     InstanceAdded,
+    InstanceLost,
     Phase,
     PushWeights,
     SampleFinished,
@@ -57,6 +58,7 @@ class WaveController(Controller):
             WeightsLoaded: self._on_loaded,
             ContextSwitched: self._on_switched,
             InstanceAdded: self._on_added,
+            InstanceLost: self._on_lost,
         }
 
     # -- handlers ----------------------------------------------------------------------
@@ -113,6 +115,11 @@ class WaveController(Controller):
         self._on_instance_added(event)
         self._scale_pending = False
         return self._maybe_start_wave(event.time_s)
+
+    def _on_lost(self, event: InstanceLost) -> list[Command]:
+        """Its requests go to the others and still count for their wave; the next wave no
+        longer waits for the lost instance's weights."""
+        return self._on_instance_lost(event) + self._maybe_start_wave(event.time_s)
 
     # -- steps -------------------------------------------------------------------------
 

@@ -1,0 +1,45 @@
+"""Checks the CLI makes before any work: a writable output directory, the live runtime."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+# modules of the live runtime (scripts/setup.sh --live); a simulator-only install lacks them
+LIVE_MODULES = frozenset(
+    {"torch", "vllm", "httpx", "fastapi", "starlette", "uvicorn", "transformers",
+     "safetensors", "tokenizers"}
+)  # fmt: skip
+LIVE_INSTALL_HINT = "install the live runtime with: bash scripts/setup.sh --live"
+
+
+def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
+    """Create ``out`` if needed and prove it writable, before the work that fills it.
+
+    An ``--out`` that is a file, lies under a file or cannot be written (read-only,
+    no permission) is a ``ValueError`` naming it, instead of a failure after the run."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path}: is a file, not a directory")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{flag} {path}: {parent} is a file, not a directory")
+            break
+    probe = path / f".tandem-write-check-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot write there ({err.strerror or err})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return path
+
+
+def missing_live_module(err: ModuleNotFoundError) -> str | None:
+    """The live-runtime module an import failed on, or None for any other module."""
+    root = (err.name or "").split(".")[0]
+    return root if root in LIVE_MODULES else None

@@ -1,0 +1,58 @@
+"""The ``tandem serve`` command: checks its arguments, then becomes ``python -m runtime.server``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="a vLLM generation server with the PipelineRL routes")
+    serve.add_argument("model_dir")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8400)
+    serve.add_argument(
+        "--token", default=None, help="bearer token of the control routes (or TANDEM_TOKEN)"
+    )
+    serve.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="serve the control routes without a token (anyone reaching the port may load weights)",
+    )
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="bearer key the inference routes (/v1/...) require (or TANDEM_API_KEY)",
+    )
+    serve.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Check the arguments, then become ``python -m runtime.server`` (exec): every process
+    vLLM starts below it then dies with it (runtime.server), and the token stays out of
+    the command line (``ps``)."""
+    token = args.token or os.environ.get("TANDEM_TOKEN")
+    if not token and not args.insecure_no_token:
+        raise ValueError(
+            "serve: the control routes (/init_process_group, /request_weight_update, "
+            "/weights/checksums) need a token: pass --token SECRET (or set TANDEM_TOKEN), "
+            "or --insecure-no-token to leave them open to anyone who reaches the port"
+        )
+    if not Path(args.model_dir).is_dir():
+        raise ValueError(f"serve: model directory {args.model_dir} does not exist")
+    for module in ("vllm", "torch", "fastapi"):
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+    env = {**os.environ, "TANDEM_TOKEN": token or ""}
+    if args.api_key:
+        env["TANDEM_API_KEY"] = args.api_key
+    cmd = [sys.executable, "-m", "runtime.server", args.model_dir, "--host", args.host,
+           "--port", str(args.port)]  # fmt: skip
+    if not token:
+        cmd.append("--insecure-no-token")
+    os.execve(sys.executable, cmd, env)
+    return 0  # not reached

@@ -1,0 +1,59 @@
+"""The ``live`` section of a run spec: settings of the live runtime (``--live``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from policies.cluster import MAX_TOKENS, Section, count
+
+
+class LiveSection(Section):
+    """Live runtime settings (used with ``--live``)."""
+
+    num_servers: int = count(1, ge=1, le=64)
+    host: str = "127.0.0.1"
+    base_port: int = count(8400, ge=1024, le=65000)
+    token: str | None = Field(None, description="control-route bearer token (generated if None)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    kv_cache_gib: float = Field(1.0, gt=0)
+    max_model_len: int = count(512, ge=16, le=MAX_TOKENS)
+    temperature: float = Field(1.0, ge=0)
+    checkpoint_every: int = count(1, ge=1)  # a huge value: never (fidelity runs)
+    server_urls: list[str] | None = Field(
+        None, description="attach to running servers (base URLs) instead of starting num_servers"
+    )
+    micro_batch_samples: int = count(
+        8, ge=1, le=2**20, description="samples per trainer micro-batch"
+    )
+    trainer_threads: int = count(
+        1, ge=1, le=1024, description="torch threads of the trainer process"
+    )
+    trainer_nice: int = count(
+        0, ge=0, le=19,
+        description="niceness of the trainer process: >0 lets the generation server's frontend "
+        "and the actor, which run on any core, go first on the trainer's core",
+    )  # fmt: skip
+    startup_timeout_s: float = Field(300.0, gt=0, description="wait for a server's /health")
+    cost_model: str | None = Field(
+        None,
+        description="calibrated cost model (cost_model.json, or the `tandem calibrate` directory "
+        "holding it) that skewness-aware dispatch prices with; None: the tiny model's constants "
+        "(runtime/cost.py)",
+    )
+    restart_servers: bool = Field(
+        False, description="start a server that died again; it rejoins at the next weight push"
+    )
+    api_key: str | None = Field(
+        None, description="API key of the servers' inference routes (None: they need none)"
+    )
+
+    @model_validator(mode="after")
+    def _restart_own_servers(self) -> LiveSection:
+        if self.restart_servers and self.server_urls:
+            raise ValueError(
+                "restart_servers restarts servers this run starts; it cannot restart "
+                "live.server_urls"
+            )
+        return self

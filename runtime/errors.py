@@ -1,0 +1,26 @@
+"""Errors of a live run that end it with one line naming what died (no live imports here:
+the CLI catches these on an install without the live runtime, too)."""
+
+from __future__ import annotations
+
+import signal
+
+
+class LiveRunError(RuntimeError):
+    """A live run stopped: the message is one line naming the process and what to do."""
+
+
+class ProcessDied(LiveRunError):
+    """A process of the run (trainer, generation server) exited while it was needed."""
+
+
+def describe_exit(returncode: int | None) -> str:
+    """``killed by SIGKILL`` / ``exited with status 1`` / ``still running``."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"

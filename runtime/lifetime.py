@@ -1,0 +1,44 @@
+"""Children that die with their parent (Linux's ``PR_SET_PDEATHSIG``): no orphans.
+
+Pure Python (no live-runtime imports), so that the simulator's sweep workers use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (a crashed launcher).
+
+    ``parent_pid``: the parent this process was started by; if it died before the request
+    took effect (the child was re-parented already), this process exits at once. The
+    signal follows the parent *thread*: start children from a thread that lives as long."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: nothing to do
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
+
+
+_fork_parent: list[int] = []  # pid of the process about to fork (one entry, this process)
+
+
+def _before_fork() -> None:
+    _fork_parent[:] = [os.getpid()]
+
+
+def _after_fork_in_child() -> None:
+    die_with_parent(signal.SIGKILL, _fork_parent[0] if _fork_parent else None)
+
+
+def reap_forks_with_parent() -> None:
+    """Every process this one forks from now on (vLLM's engine core, its model worker, and
+    theirs in turn) is killed when its parent dies, so that a server killed with SIGKILL
+    leaves nothing running. (vLLM starts them with ``fork`` by default; a spawned child
+    imports the main module, where :mod:`runtime.server` does the same.)"""
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

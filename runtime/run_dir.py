@@ -1,0 +1,111 @@
+"""A live run's directory: its original spec, the resume check, fault and process records.
+
+A live run writes ``spec.yaml`` when it starts and never rewrites it. A directory that
+holds a checkpoint (``checkpoints/last.pt``) is resumed, and only with a spec that trains
+the same thing: :func:`training_changes` compares every key but the operational ones
+(:data:`OPERATIONAL_KEYS`: where servers run, tokens, threads, ...), and a change is
+refused naming its keys unless ``force_new_spec``, which goes on and keeps the new spec
+beside the original as ``spec.resumed-N.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from policies.results import write_atomic
+from policies.spec import RunSpec, SpecError, load_spec
+
+# keys a resumed run may change: they decide where and how the run's processes run, not
+# what is trained (prefixes end in ".")
+OPERATIONAL_KEYS = (
+    "run.name", "sim.", "live.host", "live.base_port", "live.token", "live.api_key",
+    "live.server_urls", "live.num_servers", "live.restart_servers", "live.startup_timeout_s",
+    "live.trainer_threads", "live.trainer_nice", "live.kv_cache_gib", "live.checkpoint_every",
+    "live.device", "live.cost_model",
+)  # fmt: skip
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def _operational(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in OPERATIONAL_KEYS)
+
+
+def training_changes(original: RunSpec, new: RunSpec) -> list[str]:
+    """``key (old → new)`` for every key that differs and alters training."""
+    a, b = _flat(original.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
+    return [
+        f"{k} ({a.get(k)!r} → {b.get(k)!r})"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and not _operational(k)
+    ]
+
+
+@dataclass(slots=True, frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / "checkpoints" / "last.pt"
+
+    @property
+    def spec_path(self) -> Path:
+        return self.path / "spec.yaml"
+
+    def resume_command(self) -> str:
+        return f"tandem run {self.spec_path} --live --out {self.path}"
+
+    def prepare(self, spec: RunSpec, force_new_spec: bool = False) -> None:
+        """A fresh run writes its spec; a resumed one checks the spec against it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not self.checkpoint.exists():
+            write_atomic(self.spec_path, spec.to_yaml().encode())
+            return
+        if not self.spec_path.exists():
+            if not force_new_spec:
+                raise SpecError(
+                    f"{self.path} holds a checkpoint but no spec.yaml to check this spec "
+                    "against; pass --force-new-spec to resume anyway"
+                )
+            write_atomic(self.spec_path, spec.to_yaml().encode())
+            return
+        changes = training_changes(load_spec(self.spec_path), spec)
+        if changes and not force_new_spec:
+            raise SpecError(
+                f"resuming {self.path}: this spec changes what is trained: {'; '.join(changes)}."
+                f" Resume with the run's own spec ({self.resume_command()}), use another "
+                "--out, or pass --force-new-spec"
+            )
+        if changes:
+            self._keep_new(spec)
+
+    def _keep_new(self, spec: RunSpec) -> None:
+        n = 1
+        while (self.path / f"spec.resumed-{n}.yaml").exists():
+            n += 1
+        write_atomic(self.path / f"spec.resumed-{n}.yaml", spec.to_yaml().encode())
+
+    def record_processes(self, processes: dict[str, int | None]) -> None:
+        """``logs/processes.json``: the pid of each process the run started."""
+        write_atomic(self.path / "logs" / "processes.json", json.dumps(processes).encode())
+
+    def faults(self) -> list[dict]:
+        """Every fault of the run, all its parts (resumed ones too)."""
+        path = self.path / "faults.json"
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def append_fault(self, fault: Any) -> None:
+        """Add one fault (a server lost, restarted, rejoined) to faults.json, as it happens."""
+        rows = [*self.faults(), asdict(fault)]
+        write_atomic(self.path / "faults.json", json.dumps(rows, indent=2).encode())

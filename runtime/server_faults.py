@@ -1,0 +1,228 @@
+"""A lost generation server costs the run nothing: what the actor does when one dies.
+
+:class:`ServerFaults` tracks, per server, the requests dispatched to it and not yet
+returned, and which servers form the weight group. A server is marked lost the moment
+its stream breaks, a push finds it dead, or (for servers this run started) its process
+exits; the loss reaches the actor's loop as a :class:`Lost` event, in order with the
+samples that server returned before it died, and becomes the controller's
+``InstanceLost``: its unreturned requests go to the other servers with the same sample
+ids (a returned sample is never sent again, so none is trained twice). Its process group
+is killed, the event is recorded (``faults.json``), and with ``live.restart_servers`` it
+is started again; once healthy it joins the weight group at the next push and comes back
+as ``InstanceAdded`` at that push's version. With no server left the run stops with
+:class:`ServersLost`, one line naming the dead process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from policies.modes.base import Controller
+from policies.modes.events import Command, InstanceAdded, InstanceLost
+from policies.records import InstanceView, Request
+from runtime.errors import LiveRunError, ProcessDied
+from runtime.gen_client import GenerationClient
+from runtime.procs import free_port
+from runtime.recorder import Fault, Recorder
+from runtime.supervisor import Servers
+from runtime.trainer_proc import PushResult, TrainerProcess
+
+MAX_PUSH_ATTEMPTS = 3  # a push that finds dead servers goes again without them
+MAX_RESTARTS = 3  # per server and run
+
+
+class State(StrEnum):
+    SERVING = "serving"  # takes requests; in the weight group (from the next push, if new)
+    LOST = "lost"  # dead: takes nothing, left out of the next weight group
+    REJOINING = "rejoining"  # restarted and healthy: joins the group at the next push
+
+
+class ServersLost(ProcessDied):
+    """Every generation server of the run is gone; the message names the last one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A server is lost (queued for the actor's loop, in order with its samples)."""
+
+    instance_id: int
+    cause: str
+    description: str | None = None  # how it died, if already known
+
+
+class ActorPort(Protocol):
+    """What the fault handler uses of :class:`runtime.actor.Actor`, its owner."""
+
+    clients: dict[int, GenerationClient]
+    controller: Controller
+    recorder: Recorder
+    trainer: TrainerProcess
+    config: Any  # runtime.actor.ActorConfig: step_offset, weight_host, weight_backend
+
+    def now(self) -> float: ...
+    def post(self, event: Any) -> None: ...
+    def spawn(self, coro: Any) -> None: ...
+    def update_idle(self) -> None: ...
+
+
+class ServerFaults:
+    def __init__(self, actor: ActorPort, servers: Servers | None) -> None:
+        self.actor = actor
+        self.servers = servers
+        self.members: list[int] = sorted(actor.clients)  # the weight group (joined at start)
+        self._group_stale = False  # a member died: the group must be made again
+        self._state = {i: State.SERVING for i in actor.clients}
+        self._inflight: dict[int, dict[int, Request]] = {}  # instance -> sample id -> request
+        self._views: dict[int, InstanceView] = {}  # instance -> its view when it was lost
+        self._restarts: dict[int, int] = {}
+
+    # -- bookkeeping, called by the actor ---------------------------------------------------
+
+    def sent(self, instance_id: int, requests: tuple[Request, ...]) -> None:
+        running = self._inflight.setdefault(instance_id, {})
+        running.update((r.sample_id, r) for r in requests)
+
+    def returned(self, instance_id: int, request: Request) -> None:
+        self._inflight.get(instance_id, {}).pop(request.sample_id, None)
+
+    def is_lost(self, instance_id: int) -> bool:
+        """True unless the server is serving (nothing more is taken from it)."""
+        return self._state[instance_id] != State.SERVING
+
+    def mark_lost(self, instance_id: int, cause: str, description: str | None = None) -> None:
+        """From now on nothing more is taken from this server; the loop handles the rest."""
+        if self._state[instance_id] == State.LOST:
+            return
+        self._state[instance_id] = State.LOST
+        self._group_stale = True
+        self.actor.post(Lost(instance_id, cause, description))
+
+    async def watch(self, period_s: float = 0.5) -> None:
+        """Notice a server process that exits, even one with nothing running on it."""
+        if self.servers is None:
+            return
+        while True:
+            for i, state in list(self._state.items()):
+                if state != State.LOST and self.servers.exited(i):
+                    self.mark_lost(i, "its process exited")
+            await asyncio.sleep(period_s)
+
+    # -- a loss, in the actor's loop -----------------------------------------------------
+
+    async def handle_lost(self, event: Lost) -> list[Command]:
+        i, actor = event.instance_id, self.actor
+        description = event.description or await self._confirm(i, event.cause)
+        if description is None:
+            raise LiveRunError(
+                f"generation server {i}'s stream broke ({event.cause}) although it still "
+                "answers /health; stopping the run"
+            )
+        if self.servers is not None:
+            self.servers.stop(i)  # its whole process group: nothing it started runs on
+        requests = tuple(self._inflight.pop(i, {}).values())
+        now = actor.now()
+        actor.recorder.lost(i, now, requests[0].iteration if requests else None)
+        actor.recorder.fault(Fault(now, i, "lost", description, len(requests)))
+        if not any(state == State.SERVING for state in self._state.values()):
+            raise ServersLost(description)
+        if i in actor.controller.views:
+            self._views[i] = actor.controller.views[i]
+        commands = actor.controller.handle(InstanceLost(now, i, requests))
+        actor.update_idle()
+        if self._may_restart(i):
+            actor.spawn(self._restart(i))
+        return commands
+
+    def _may_restart(self, instance_id: int) -> bool:
+        if self.servers is None or not self.servers.can_restart:
+            return False
+        self._restarts[instance_id] = self._restarts.get(instance_id, 0) + 1
+        return self._restarts[instance_id] <= MAX_RESTARTS
+
+    async def _confirm(self, instance_id: int, cause: str) -> str | None:
+        if self.servers is None:
+            return f"generation server {instance_id} failed: {cause}"
+        return await self.servers.confirm_lost(instance_id, cause)
+
+    async def _restart(self, instance_id: int) -> None:
+        actor = self.actor
+        assert self.servers is not None
+        try:
+            process = await self.servers.restart(instance_id)
+        except Exception as err:  # noqa: BLE001 - the run goes on without it
+            detail = " ".join(str(err).split())[:500]
+            actor.recorder.fault(Fault(actor.now(), instance_id, "restart-failed", detail))
+            return
+        old = actor.clients[instance_id]
+        actor.clients[instance_id] = old.reconnected(process.base_url)
+        await old.aclose()
+        detail = f"pid {process.proc.pid}, healthy; joins the weight group at the next push"
+        actor.recorder.fault(Fault(actor.now(), instance_id, "restarted", detail))
+        if self._state[instance_id] == State.LOST:
+            self._state[instance_id] = State.REJOINING
+
+    # -- weight pushes -------------------------------------------------------------------
+
+    async def push(self, version: int) -> tuple[PushResult, list[int]]:
+        """Push to the group's servers (re-creating the group when they changed); servers a
+        push finds dead are marked lost and the push goes again without them."""
+        failures: dict[int, str] = {}
+        for _ in range(MAX_PUSH_ATTEMPTS):
+            members = sorted(i for i, s in self._state.items() if s != State.LOST)
+            if not members:
+                raise ServersLost(f"no generation server left to take weights {version}")
+            if (self._group_stale or members != self.members) and not await self._rejoin(members):
+                continue  # a server died while the group was made: again without it
+            result = await self.actor.trainer.push_weights(version)
+            if not result.failures:
+                self._welcome(version)
+                return result, members
+            failures = {members[k]: reason for k, reason in result.failures.items()}
+            await self._lose_failed(members, result)
+        raise LiveRunError(f"weight push of version {version} failed: {failures}")
+
+    async def _rejoin(self, members: list[int]) -> bool:
+        """Make the weight group of ``members``; False if one of them turned out dead."""
+        assert self.servers is not None, "the weight group changes only with servers known"
+        addrs = [self.servers.addr(i) for i in members]
+        config = self.actor.config
+        try:
+            await self.actor.trainer.join_group(
+                addrs, config.weight_host, free_port(config.weight_host), config.weight_backend
+            )
+        except Exception as err:
+            dead = [(i, d) for i in members if (d := await self._confirm(i, str(err))) is not None]
+            if not dead:
+                raise
+            for i, description in dead:
+                self.mark_lost(i, "it died while the weight group was made", description)
+            return False
+        self.members, self._group_stale = members, False
+        return True
+
+    async def _lose_failed(self, members: list[int], result: PushResult) -> None:
+        """Mark the failed servers that are dead as lost (alive ones just go again); the
+        trainer left the group, so the next attempt re-creates it."""
+        self._group_stale = True
+        for index, reason in result.failures.items():
+            description = await self._confirm(members[index], reason)
+            if description is not None:
+                self.mark_lost(members[index], reason, description)
+
+    def _welcome(self, version: int) -> None:
+        """Servers that were restarted are back, serving the version just pushed."""
+        local = version - self.actor.config.step_offset
+        for i in self.members:
+            if self._state[i] != State.REJOINING:
+                continue
+            self._state[i] = State.SERVING
+            view = dataclasses.replace(
+                self._views.pop(i), num_assigned=0, assigned_tokens=0.0, version=local
+            )
+            now = self.actor.now()
+            self.actor.recorder.fault(Fault(now, i, "rejoined", "serving again", version=version))
+            self.actor.post(InstanceAdded(now, view))

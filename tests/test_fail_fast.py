@@ -1,0 +1,186 @@
+"""Bad input fails at once, with a message naming it, before any work (issue #16, item 8).
+
+Spec paths are exact; duplicate YAML keys, non-integer counts and huge values are spec
+errors naming the key and the limit; run names stay inside runs/; an unusable ``--out``
+is refused before the simulation; a simulator-only install asked for the live runtime
+says what to install; ``serve`` needs a token.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import cli
+from experiments.cli import main
+from experiments.specs import config_path
+from policies.spec import SpecError, load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """Fail the test if a simulation starts."""
+    import sim.simulator
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the simulation started")
+
+    monkeypatch.setattr(sim.simulator.Simulation, "run", refuse)
+
+
+# -- spec paths (item 6) -----------------------------------------------------------------
+
+
+def test_a_missing_path_is_an_error_even_when_its_stem_is_a_shipped_name(no_simulation, capsys):
+    code = main(["run", "/nonexistent/streamrl-7b.yaml", "--out", "/tmp/tandem-never-written"])
+    assert code == 2
+    assert "/nonexistent/streamrl-7b.yaml" in _flat(capsys.readouterr().out)
+    assert not Path("/tmp/tandem-never-written").exists()
+
+
+@pytest.mark.parametrize("name", ["streamrl-7b.yaml", "configs/streamrl-7b", "./live-tiny"])
+def test_shipped_names_resolve_only_without_separator_or_suffix(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError, match="does not exist"):
+        config_path(name)
+    assert config_path("streamrl-7b").name == "streamrl-7b.yaml"
+
+
+def test_a_directory_as_spec_is_a_spec_error(tmp_path, capsys):
+    assert main(["run", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "is a directory" in _flat(capsys.readouterr().out)
+    with pytest.raises(SpecError, match="is a directory"):
+        load_spec(tmp_path)
+
+
+# -- spec values -------------------------------------------------------------------------
+
+
+def test_duplicate_yaml_keys_are_refused_naming_the_key_and_lines(tmp_path):
+    spec = tmp_path / "dup.yaml"
+    spec.write_text("run:\n  iterations: 3\n  seed: 1\n  iterations: 30\n")
+    with pytest.raises(SpecError, match=r"duplicate key 'iterations' \(line 4; first on line 2\)"):
+        load_spec(spec)
+    with pytest.raises(SpecError, match="duplicate key 'a'"):
+        load_spec(None, ["cluster.generation=[{a: 1, a: 2}]"])
+
+
+@pytest.mark.parametrize("value", ["true", "2.0", "'3'"])
+def test_counts_must_be_integers(value):
+    with pytest.raises(SpecError, match="run.iterations: Input should be a valid integer"):
+        load_spec(None, [f"run.iterations={value}"])
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("run.iterations=1000000000", "run.iterations: Input should be less than or equal to 1000000"),
+        ("cluster.generation.0.num_gpus=1000000", "num_gpus: Input should be less than or equal to 16384"),
+        ("cluster.trainer.num_gpus=1000000", "cluster.trainer.num_gpus: Input should be less than or equal to 16384"),
+        ("workload.max_output_tokens=100000000", "less than or equal to 10000000"),
+        ("run.iterations=100000", "run.iterations × algorithm.batch_size = 102,400,000 samples; a run may generate at most 10,000,000"),
+    ],
+)  # fmt: skip
+def test_huge_values_fail_at_once_naming_the_limit(override, words, no_simulation):
+    with pytest.raises(SpecError) as info:
+        load_spec(config_path("streamrl-7b"), [override, "policies.allocation=balanced"])
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden", ""])
+def test_run_names_stay_inside_runs(name, no_simulation, capsys):
+    assert main(["run", "streamrl-7b", "--set", f"run.name={name}"]) == 2
+    assert "run.name" in _flat(capsys.readouterr().out)
+
+
+# -- the output directory ------------------------------------------------------------------
+
+
+def _bad_outs(tmp_path: Path) -> list[Path]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    return [a_file, a_file / "under", Path("/proc/tandem-read-only")]
+
+
+@pytest.mark.parametrize("case", [0, 1, 2], ids=["a file", "under a file", "read-only"])
+def test_an_unusable_out_fails_before_the_simulation(tmp_path, case, no_simulation, capsys):
+    out = _bad_outs(tmp_path)[case]
+    assert main(["run", "streamrl-7b", "--out", str(out)]) == 2
+    assert f"--out {out}" in _flat(capsys.readouterr().out)
+
+
+def test_an_unusable_sweep_out_fails_before_any_point(tmp_path, no_simulation, capsys):
+    out = _bad_outs(tmp_path)[0]
+    code = main(["sweep", "streamrl-7b", "--grid", "run.seed=1,2", "--out", str(out)])
+    assert code == 2 and "is a file" in _flat(capsys.readouterr().out)
+
+
+# -- the live runtime and serve ------------------------------------------------------------
+
+BLOCK_LIVE = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"torch", "vllm", "httpx", "fastapi", "transformers"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+from experiments.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["run", "live-tiny", "--live"], ["serve", "/tmp", "--token", "t"]],
+    ids=["run", "serve"],
+)
+def test_a_simulator_only_install_asked_for_the_live_runtime_says_what_to_install(tmp_path, args):
+    if args[0] == "run":
+        args = [*args, "--out", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCK_LIVE, *args], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    printed = _flat(done.stdout + done.stderr)
+    assert done.returncode == 2, printed
+    assert "Traceback" not in printed
+    assert "needs the live runtime" in printed and "scripts/setup.sh --live" in printed
+
+
+def test_serve_refuses_to_open_control_routes_without_a_token(monkeypatch, capsys):
+    import runtime.server
+
+    def started(*args, **kwargs):
+        raise AssertionError("a server started without a token")
+
+    monkeypatch.setattr(runtime.server, "serve_main", started)
+    monkeypatch.setattr(os, "execve", started)
+    monkeypatch.delenv("TANDEM_TOKEN", raising=False)
+    assert main(["serve", str(REPO)]) == 2
+    printed = _flat(capsys.readouterr().out)
+    assert "--token" in printed and "--insecure-no-token" in printed
+
+
+def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypatch):
+    seen: dict = {}
+
+    def execve(path, argv, env):
+        seen.update(argv=argv, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", execve)
+    with pytest.raises(SystemExit):
+        cli.main(["serve", str(REPO), "--token", "s3cret", "--port", "8999"])
+    assert seen["argv"][1:4] == ["-m", "runtime.server", str(REPO)]
+    assert "s3cret" not in " ".join(seen["argv"]) and seen["env"]["TANDEM_TOKEN"] == "s3cret"

@@ -1,0 +1,77 @@
+"""Resuming a live run checks the spec against the run's own (issue #16, item 5).
+
+A run directory with a checkpoint resumes only with a spec that trains the same thing:
+another learning rate, batch size or number of iterations is refused naming the keys
+(exit 2, before anything starts), unless ``--force-new-spec``; ``spec.yaml`` always stays
+the original. Operational keys (where servers run, tokens, threads) may change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from policies.spec import SpecError, load_spec
+from runtime.run_dir import RunDir, training_changes
+
+CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
+DEAD_SERVER = "live.server_urls=[http://127.0.0.1:9]"  # nothing listens: a run would fail
+
+
+def _finished_run(tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    RunDir(out).prepare(load_spec(CONFIG, [DEAD_SERVER]))
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "last.pt").write_bytes(b"a checkpoint")
+    return out
+
+
+def test_a_fresh_run_writes_its_spec_and_a_resume_with_the_same_spec_goes_on(tmp_path):
+    out = _finished_run(tmp_path)
+    original = (out / "spec.yaml").read_text()
+    assert load_spec(out / "spec.yaml") == load_spec(CONFIG, [DEAD_SERVER])
+    RunDir(out).prepare(load_spec(out / "spec.yaml"))  # the resume command's spec
+    changed_host = load_spec(CONFIG, ["live.server_urls=[http://127.0.0.1:10]", "live.token=x"])
+    RunDir(out).prepare(changed_host)  # operational keys may change
+    assert (out / "spec.yaml").read_text() == original
+
+
+def test_a_resume_that_changes_training_is_refused_naming_the_keys(tmp_path, capsys):
+    out = _finished_run(tmp_path)
+    original = (out / "spec.yaml").read_text()
+    code = main(
+        ["run", str(CONFIG), "--live", "--out", str(out), "--set", DEAD_SERVER,
+         "--set", "algorithm.learning_rate=0.001", "--set", "algorithm.batch_size=16"]
+    )  # fmt: skip
+    printed = " ".join(capsys.readouterr().out.split())
+    assert code == 2
+    assert "algorithm.batch_size (32 → 16)" in printed
+    assert "algorithm.learning_rate (0.0003 → 0.001)" in printed
+    assert "--force-new-spec" in printed and f"tandem run {out}/spec.yaml" in printed
+    assert (out / "spec.yaml").read_text() == original  # the original spec is kept
+
+
+def test_more_iterations_is_a_change_too():
+    base = load_spec(CONFIG)
+    more = load_spec(CONFIG, ["run.iterations=12"])
+    assert training_changes(base, more) == ["run.iterations (6 → 12)"]
+
+
+def test_force_new_spec_goes_on_and_keeps_both_specs(tmp_path):
+    out = _finished_run(tmp_path)
+    original = (out / "spec.yaml").read_text()
+    new = load_spec(CONFIG, [DEAD_SERVER, "run.iterations=12"])
+    with pytest.raises(SpecError):
+        RunDir(out).prepare(new)
+    RunDir(out).prepare(new, force_new_spec=True)
+    assert (out / "spec.yaml").read_text() == original
+    assert load_spec(out / "spec.resumed-1.yaml") == new
+
+
+def test_a_checkpoint_without_its_spec_is_not_resumed_blindly(tmp_path):
+    out = _finished_run(tmp_path)
+    (out / "spec.yaml").unlink()
+    with pytest.raises(SpecError, match="no spec.yaml"):
+        RunDir(out).prepare(load_spec(CONFIG))

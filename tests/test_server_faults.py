@@ -1,0 +1,211 @@
+"""A lost generation server, without real servers: the actor, a real controller, fakes.
+
+Fake clients stream completions (one of them breaks its connection mid-dispatch, as a
+killed server does), a fake trainer records what it trains, fake servers say who is dead.
+Every sample must be trained exactly once with its own id; the loss is recorded; with a
+restart the server comes back at the weight version of the next push; with no server
+left the run stops with one line naming the dead process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from policies.records import Completion, FinishReason, StepStats
+from policies.spec import load_spec
+from runtime.actor import Actor
+from runtime.errors import LiveRunError
+from runtime.gen_client import Generated
+from runtime.launcher import _make_actor
+from runtime.recorder import Recorder
+from runtime.server_faults import ServersLost
+from runtime.supervisor import Servers, ServerSlot
+from runtime.trainer_proc import PushResult
+
+CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
+BATCH = 8
+
+
+class FakeClient:
+    """Streams each request back at once; ``break_after`` completions, then the connection
+    breaks (and any later dispatch fails to connect), like a server killed mid-stream."""
+
+    def __init__(self, instance_id: int, world: FakeWorld, break_after: int | None = None):
+        self.instance_id, self.world, self.break_after = instance_id, world, break_after
+        self.base_url, self.temperature, self.api_key = f"http://fake-{instance_id}", 1.0, None
+        self.dispatched: list[int] = []  # sample ids streamed back
+
+    async def stream(self, requests, dispatch_s, clock, priorities, seeds):
+        for r in requests:
+            await asyncio.sleep(0)
+            if self.instance_id in self.world.dead:
+                raise httpx.ConnectError("connection refused")
+            if self.break_after is not None and len(self.dispatched) >= self.break_after:
+                self.world.dead.add(self.instance_id)
+                raise httpx.RemoteProtocolError("peer closed connection")
+            self.dispatched.append(r.sample_id)
+            version = self.world.served[self.instance_id]
+            yield Generated(_completion(r, self.instance_id, version, clock()), "x", (1, 2))
+
+    def reconnected(self, base_url: str) -> FakeClient:
+        client = FakeClient(self.instance_id, self.world)
+        self.world.clients_made.append(client)
+        return client
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _completion(r, instance_id: int, version: int, now: float) -> Completion:
+    return Completion(
+        request=r, instance_id=instance_id, output_tokens=2, finish_reason=FinishReason.STOP,
+        version_start=version, version_end=version, dispatch_s=now, gen_start_s=now,
+        gen_end_s=now, token_ids=(3, 1), logprobs=(-1.0, -1.0),
+    )  # fmt: skip
+
+
+class FakeWorld:
+    def __init__(self, num_servers: int) -> None:
+        self.dead: set[int] = set()
+        self.served = dict.fromkeys(range(num_servers), 0)  # instance -> version it serves
+        self.clients_made: list[FakeClient] = []
+
+
+class FakeTrainer:
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+        self.trained: list[int] = []
+        self.group: list[str] = [f"http://fake-{i}" for i in world.served]
+        self.joins: list[list[str]] = []
+
+    async def train(self, items, now_s):
+        self.trained += [it.sample_id for it in items]
+        return 0.0
+
+    async def step(self, step, now_s):
+        return StepStats(step, step + 1, BATCH, 16, now_s, now_s, 0.0, 0.5, 0.0, 1.0, 0.0)
+
+    async def checkpoint(self, path, position):
+        pass
+
+    async def join_group(self, servers, host, port, backend):
+        self.group = [s.base_url for s in servers]
+        self.joins.append(self.group)
+
+    async def push_weights(self, version):
+        ids = [int(url.rsplit("-", 1)[1]) for url in self.group]
+        failures = {k: "ConnectError" for k, i in enumerate(ids) if i in self.world.dead}
+        for i in ids:
+            if i not in self.world.dead:
+                self.world.served[i] = version
+        return PushResult(version, [0.0] * len(ids), [{}] * len(ids), failures)
+
+
+class FakeServers(Servers):
+    def __init__(self, world: FakeWorld, restart: bool) -> None:
+        slots = [ServerSlot(i, f"http://fake-{i}") for i in world.served]
+        super().__init__(slots, "token", (lambda i: None) if restart else None)
+        self.world = world
+
+    def exited(self, instance_id: int) -> bool:
+        return instance_id in self.world.dead
+
+    async def confirm_lost(self, instance_id: int, cause: str) -> str | None:
+        if instance_id in self.world.dead:
+            return f"generation server {instance_id} (pid 4{instance_id}) killed by SIGKILL"
+        return None
+
+    def stop(self, instance_id: int) -> None:
+        pass
+
+    async def restart(self, instance_id: int):
+        await asyncio.sleep(0.01)
+        self.world.dead.discard(instance_id)
+        return SimpleNamespace(base_url=f"http://fake-{instance_id}", proc=SimpleNamespace(pid=7))
+
+
+def _actor(mode: str, num_servers: int, break_after: int, restart: bool, iterations: int = 4):
+    spec = load_spec(
+        CONFIG,
+        [f"pipeline.mode={mode}", f"run.iterations={iterations}", f"algorithm.batch_size={BATCH}",
+         f"live.num_servers={num_servers}"],
+    )  # fmt: skip
+    world = FakeWorld(num_servers)
+    clients = {i: FakeClient(i, world) for i in range(num_servers)}
+    clients[num_servers - 1].break_after = break_after
+    trainer = FakeTrainer(world)
+    recorder = Recorder()
+    actor: Actor = _make_actor(spec, clients, trainer, recorder, set(), 0, None, None)
+    actor.faults.servers = FakeServers(world, restart)
+    return actor, world, trainer, recorder
+
+
+async def _run(actor: Actor) -> float:
+    await actor.push_now(0)
+    return await asyncio.wait_for(actor.run(), 30)
+
+
+@pytest.mark.parametrize("mode", ["stream-sync", "stream-async", "pipeline"])
+def test_a_lost_servers_samples_go_to_the_other_with_their_ids_and_none_twice(mode):
+    actor, world, trainer, recorder = _actor(mode, 2, break_after=3, restart=False)
+    asyncio.run(_run(actor))
+    assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once
+    lost = [f for f in recorder.faults if f.event == "lost"]
+    assert [(f.instance_id, "SIGKILL" in f.detail) for f in lost] == [(1, True)]
+    assert lost[0].num_resubmitted > 0
+    samples = recorder.samples
+    assert len(samples) == 4 * BATCH and all(s.train_step is not None for s in samples.values())
+    late = [s for s in samples.values() if s.instance_id == 1]
+    assert len(late) == 3  # what it returned before dying; the rest went to server 0
+    assert trainer.joins and trainer.joins[0] == ["http://fake-0"]  # the group without it
+
+
+def test_a_restarted_server_rejoins_at_the_next_push_and_serves_that_version():
+    actor, world, trainer, recorder = _actor("stream-async", 2, break_after=2, restart=True)
+
+    async def after_step(step: int) -> None:  # hold the trainer until the server is back
+        while step == 0 and not any(f.event == "restarted" for f in recorder.faults):
+            await asyncio.sleep(0.01)
+
+    actor.after_step = after_step
+    asyncio.run(_run(actor))
+    assert sorted(trainer.trained) == list(range(4 * BATCH))
+    events = [(f.event, f.instance_id) for f in recorder.faults]
+    assert events == [("lost", 1), ("restarted", 1), ("rejoined", 1)]
+    rejoined = recorder.faults[-1]
+    assert rejoined.version >= 1  # the version of the push after step 0 (or later)
+    assert trainer.joins[-1] == ["http://fake-0", "http://fake-1"]
+    back = world.clients_made[-1]
+    assert back.dispatched  # it took work again
+    versions = {recorder.samples[sid].version_start for sid in back.dispatched}
+    assert min(versions) >= rejoined.version  # at the version of the push it joined with
+
+
+def test_with_one_server_a_loss_stops_the_run_naming_the_process():
+    actor, *_ = _actor("stream-async", 1, break_after=5, restart=False)
+    with pytest.raises(ServersLost) as info:
+        asyncio.run(_run(actor))
+    message = str(info.value)
+    assert "generation server 0 (pid 40) killed by SIGKILL" in message
+    assert "\n" not in message
+    assert isinstance(info.value, LiveRunError)
+
+
+def test_a_push_that_finds_a_server_dead_goes_again_without_it():
+    actor, world, trainer, recorder = _actor("disagg-sync", 2, break_after=10**6, restart=False)
+
+    async def scenario() -> None:
+        await actor.push_now(0)
+        world.dead.add(1)  # dies between pushes, with nothing running
+        result = await actor.push_now(1)
+        assert result.failures == {}
+        assert trainer.group == ["http://fake-0"]
+        assert world.served[0] == 1
+
+    asyncio.run(scenario())
+    assert actor.faults.is_lost(1)

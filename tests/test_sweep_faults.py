@@ -1,0 +1,63 @@
+"""Sweeps that survive a bad point (issue #16, item 8): a per-point timeout, one result file
+per point written as it finishes, a resume that skips the points already done, and a
+non-zero exit whenever a point failed."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from experiments import cli
+from experiments.cli import main
+
+SMALL = ["--set", "algorithm.batch_size=64", "--set", "workload.max_output_tokens=2000"]
+# point 0: two iterations (seconds); point 1: 100,000 iterations (far over the timeout)
+GRID = ["--grid", "run.iterations=2,100000", "--point-timeout", "4", "--workers", "2"]
+
+
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch):
+    monkeypatch.setattr(cli.console, "width", 400)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_a_point_over_its_time_is_stopped_the_others_kept_and_the_exit_is_non_zero(
+    tmp_path, capsys
+):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "streamrl-7b", *GRID, *SMALL, "--out", str(out)]) == 1
+    printed = _flat(capsys.readouterr().out)
+    assert "2 points, 1 failed" in printed and "point took over 4 s (stopped)" in printed
+    rows = [json.loads((out / "points" / f"{i:04d}" / "row.json").read_text()) for i in (0, 1)]
+    assert rows[0]["error"] is None and rows[0]["num_samples_trained"] == 128
+    assert rows[1]["error"].startswith("TimeoutError")
+    frame = pd.read_csv(out / "results.csv")
+    assert list(frame["point"]) == [0, 1] and frame["error"].notna().tolist() == [False, True]
+
+
+def test_a_second_sweep_into_the_same_out_skips_the_points_done(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    main(["sweep", "streamrl-7b", *GRID, *SMALL, "--out", str(out)])
+    done = out / "points" / "0000" / "row.json"
+    stamp = (done.stat().st_mtime_ns, done.read_text())
+    failed = out / "points" / "0001" / "row.json"
+    failed_stamp = failed.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["sweep", "streamrl-7b", *GRID, *SMALL, "--out", str(out)]) == 1
+    assert (done.stat().st_mtime_ns, done.read_text()) == stamp  # not simulated again
+    assert failed.stat().st_mtime_ns != failed_stamp  # the failed point ran again
+    assert "2 points, 1 failed" in _flat(capsys.readouterr().out)
+
+
+def test_another_grid_into_the_same_out_is_refused(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    grid = ["--grid", "run.seed=1,2", "--set", "run.iterations=1", *SMALL]
+    assert main(["sweep", "streamrl-7b", *grid, "--out", str(out)]) == 0
+    other = ["--grid", "run.seed=3,4", "--set", "run.iterations=1", *SMALL]
+    assert main(["sweep", "streamrl-7b", *other, "--out", str(out)]) == 2
+    assert "another spec or grid" in _flat(capsys.readouterr().out)
