@@ -33,7 +33,12 @@ def add_advise_parser(
         default=None,
         help="largest staleness bound allowed (default: the input spec's own)",
     )
-    p.add_argument("--objective", choices=["throughput", "cost-normalized"], default="throughput")
+    p.add_argument(
+        "--objective",
+        choices=["throughput", "cost-normalized"],
+        default="throughput",
+        help="what to maximise: samples/s, or samples/s per unit of GPU cost",
+    )
     p.add_argument("--workers", type=int, default=2, help="simulation processes (default 2)")
     p.add_argument(
         "--axis",

@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import io
 import json
+import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from experiments.advise_plan import Space, SpaceOptions, plan_space
 from experiments.advise_space import Candidate, PolicyChoice, Structure
 from policies.results import write_atomic
 from policies.spec import RunSpec, load_spec
+
+logger = logging.getLogger(__name__)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "advise_grid"
 BENCH_SPECS = ("streamrl-7b", "streamrl-32b", "streamrl-72b")
@@ -123,9 +126,8 @@ def generate(name: str, out: Path, log: bool = True) -> Path:
         short = run_candidate(space.base, c, iters) if iters else None
         rows.append(grid_row(c, run_candidate(space.base, c, full_iterations), short))
         if log and (n % 25 == 0 or n == len(space.candidates)):
-            print(
-                f"{name}: {n}/{len(space.candidates)} ({time.process_time() - cpu0:.0f} s cpu)",
-                flush=True,
+            logger.info(
+                "%s: %d/%d (%.0f s cpu)", name, n, len(space.candidates), time.process_time() - cpu0
             )
     frame = pd.DataFrame(rows)
     meta = _meta(name, space, frame, time.process_time() - cpu0)
@@ -266,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="+", choices=BENCH_SPECS)
     parser.add_argument("--out", default=str(FIXTURES), help="fixture directory")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in args.names:
         print(f"wrote {generate(name, Path(args.out))}")
     return 0

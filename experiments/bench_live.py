@@ -30,10 +30,12 @@ Prints nothing; returns a dict.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,7 @@ from policies.records import Request
 from policies.resources import generation_resource
 from policies.results import RunResult
 from policies.spec import RunSpec, load_spec, override_spec
+from policies.tracking import StepUpdate
 from runtime.gen_client import GenerationClient
 from runtime.launcher import model_dir_for, run_live
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
@@ -55,6 +58,8 @@ MODES = ("disagg-sync", "stream-sync", "stream-async", "pipeline")
 STEPS = 20  # per mode and round: live-tiny's iterations vary a lot in length (a long tail)
 ROUNDS = 3
 DEFAULT_CONFIG = "live-tiny"  # a shipped config (experiments/configs/)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -148,9 +153,10 @@ def bench_live(
     out_dir: str | Path | None = None,
     num_waves: int = 12,
     rounds: int = ROUNDS,
+    on_step: Callable[[StepUpdate], None] | None = None,
 ) -> dict:
     """Run each mode for ``steps`` (default :data:`STEPS`) optimizer steps per round on one
-    server; return the figures."""
+    server; return the figures. ``on_step`` hears of every step of every run (progress)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     base = _as_spec(config)
@@ -163,8 +169,9 @@ def bench_live(
     )  # fmt: skip
     try:
         wait_healthy(server, base.live.startup_timeout_s)
+        log.info("actor vs raw vLLM: %d waves", num_waves)
         generation = asyncio.run(compare_generation(base, server.base_url, num_waves))
-        return {**bench_modes(base, server.base_url, token, out, rounds), **generation}
+        return {**bench_modes(base, server.base_url, token, out, rounds, on_step), **generation}
     finally:
         stop_server(server)
 
@@ -175,15 +182,20 @@ def round_order(round_index: int) -> tuple[str, ...]:
     return MODES[k:] + MODES[:k]
 
 
-def bench_modes(base: RunSpec, url: str, token: str, out: Path, rounds: int = ROUNDS) -> dict:
+def bench_modes(
+    base: RunSpec, url: str, token: str, out: Path, rounds: int = ROUNDS,
+    on_step: Callable[[StepUpdate], None] | None = None,
+) -> dict:  # fmt: skip
     """Every mode for ``base.run.iterations`` steps per round against the server at ``url``."""
     runs: list[dict[str, RunResult]] = []
     for r in range(rounds):
         runs.append({})
         for mode in round_order(r):
+            log.info("round %d/%d: %s", r + 1, rounds, mode)
             spec = override_spec(base, [f"pipeline.mode={mode}", f"run.seed={base.run.seed + r}"])
             spec.live.server_urls, spec.live.token = [url], token
-            runs[-1][mode] = run_live(spec, out / f"round-{r}" / mode, ranker_for(spec, live=True))
+            predictor = ranker_for(spec, live=True)
+            runs[-1][mode] = run_live(spec, out / f"round-{r}" / mode, predictor, on_step)
     return {**mode_figures(runs), "steps": base.run.iterations}
 
 
@@ -223,7 +235,11 @@ def _update_pauses_s(result: RunResult) -> list[float]:
     return (syncs["end_s"] - syncs["start_s"]).tolist()[1:]
 
 
-if __name__ == "__main__":
+def main() -> None:
     import json
 
     print(json.dumps(bench_live()))
+
+
+if __name__ == "__main__":
+    main()

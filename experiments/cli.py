@@ -1,9 +1,11 @@
-"""The ``tandem`` command line."""
+"""The ``tandem`` command line: RL for LLMs with disaggregated stream generation,
+simulated (SimPy) or live (vLLM + torch). Every option has help: tandem COMMAND --help."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import time
@@ -11,18 +13,48 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.table import Table
 
 from experiments.advise_cmd import add_advise_parser
+from experiments.cli_live import Handler, add_live_commands
+from experiments.cli_tools import add_tool_commands
 from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_module
-from experiments.serve_cmd import add_serve_parser
+from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
+from policies.logs import run_log
 from policies.results import SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec, SpecError, load_spec
 
 DEFAULT_SPEC = "streamrl-7b"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
-console = Console()
+console = Console()  # results: summaries, tables, JSON (stdout)
+err_console = Console(stderr=True)  # progress and log messages (stderr)
+log = logging.getLogger(__name__)
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("tandem-rl")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def setup_logging(level: str) -> None:
+    """Console messages at ``level`` and above (stderr, beside any progress bar); the
+    root logger passes INFO on, so each run's ``run.log`` gets it whatever the level."""
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if getattr(h, "_tandem_console", False)]:
+        root.removeHandler(h)
+    handler = RichHandler(console=err_console, show_path=False, level=getattr(logging, level))
+    handler._tandem_console = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(min(getattr(logging, level), logging.INFO))
 
 
 def _load(args: argparse.Namespace) -> RunSpec:
@@ -55,29 +87,41 @@ def print_summary(result: RunResult, out: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from experiments.plots import timeline
-    from experiments.predictors import ranker_for
+    from experiments.tracking import tracker_for
 
     spec = _load(args)
     out = _out_dir(args, spec)
-    if args.live:
-        from runtime.launcher import run_live
-
-        force = {"force_new_spec": True} if args.force_new_spec else {}
-        result = run_live(spec, out, ranker_for(spec, live=True), **force)
-        # run_live saved the result (a resumed run keeps its original spec.yaml)
-    else:
-        from rich.progress import Progress
-
-        from sim.simulator import Simulation
-
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("simulating", total=spec.run.iterations)
-            sim = Simulation(spec, ranker=ranker_for(spec))
-            result = sim.run(on_step=lambda _: bar.advance(task))
-        result.save(out)
-    timeline(result, out / "timeline.png")
+    tracker = tracker_for(spec, out)  # a missing tracking package stops the run here
+    label = f"{spec.run.name} · {spec.pipeline.mode}"
+    with (
+        run_log(out),
+        tracker,
+        RunProgress(err_console, label, spec.run.iterations, transient=not args.live) as bar,
+    ):
+        log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
+        on_step = chain(tracker, bar.on_step)
+        result = _execute(spec, out, args.live, on_step, args.force_new_spec)
+        tracker.finish(result.metrics)
+        if not args.live:  # run_live saved its result (a resumed run keeps its spec.yaml)
+            result.save(out)
+        timeline(result, out / "timeline.png")
     print_summary(result, out)
     return 0
+
+
+def _execute(
+    spec: RunSpec, out: Path, live: bool, on_step: Callable, force_new_spec: bool = False
+) -> RunResult:
+    from experiments.predictors import ranker_for
+
+    if live:
+        from runtime.launcher import run_live
+
+        predictor = ranker_for(spec, live=True)
+        return run_live(spec, out, predictor, force_new_spec=force_new_spec, on_step=on_step)
+    from sim.simulator import Simulation
+
+    return Simulation(spec, ranker=ranker_for(spec)).run(on_step=on_step)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -117,108 +161,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         report = bench_sim(spec, iterations=args.iterations or 10)
     else:
-        from experiments.bench_live import bench_live
+        from experiments.bench_live import MODES, STEPS, bench_live
 
         spec = load_spec(config_path(args.spec or "live-tiny"), args.set)
-        report = bench_live(spec, steps=args.iterations, rounds=args.rounds)
+        total = args.rounds * len(MODES) * (args.iterations or STEPS)
+        with RunProgress(err_console, "bench live", total) as bar:
+            report = bench_live(
+                spec, steps=args.iterations, rounds=args.rounds, on_step=bar.on_step
+            )
     print(json.dumps(report))
-    return 0
-
-
-def cmd_model(args: argparse.Namespace) -> int:
-    from runtime.model import ensure_tiny_model
-
-    print(ensure_tiny_model(seed=args.seed))
-    return 0
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from experiments.calibrate import calibrate, calibrate_from_vidur
-
-    if args.source == "vidur":
-        text = calibrate_from_vidur(Path(args.profile_dir), check_out_dir(args.out))
-        console.print(text)
-        console.print(
-            f"efficiencies in [bold]{args.out}[/bold] (use sim.cost_model=roofline:{args.out})"
-        )
-        return 0
-    fits = calibrate(Path(args.profile_dir), check_out_dir(args.out))
-    table = Table(title="held-out error per operator")
-    for col in ("operator", "model", "held-out MAPE"):
-        table.add_column(col)
-    for name, c in fits.items():
-        table.add_row(name, "+".join(c.fit.bases), f"{c.fit.heldout_mape:.2%}")
-    console.print(table)
-    console.print(f"cost model in [bold]{args.out}[/bold] (use sim.cost_model=profiled:{args.out})")
-    return 0
-
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
-
-    from runtime.profiler import ProfilePlan, profile_runtime
-
-    spec = _load(args)
-    check_out_dir(args.out)
-    plan = ProfilePlan()
-    with Progress(console=console) as bar:
-        task = bar.add_task("profiling", total=plan.num_measurements)
-        out = profile_runtime(
-            spec, Path(args.out), plan, lambda what: bar.update(task, advance=1, description=what)
-        )
-    console.print(f"profile in [bold]{out}[/bold] (next: tandem calibrate {out} --out DIR)")
-    return 0
-
-
-def cmd_fidelity(args: argparse.Namespace) -> int:
-    from experiments.fidelity import FidelityPlan, load_cases, run_fidelity, write_report
-
-    if args.report_only:
-        report = write_report(load_cases(Path(args.out)), Path(args.out))
-        console.print(report.markdown())
-        console.print(f"fidelity report rewritten in [bold]{args.out}[/bold]")
-        return 0
-    if not args.modes:
-        raise ValueError("--modes is required (unless --report-only)")
-    if bool(args.profile) == bool(args.cost_model):
-        raise ValueError("give exactly one of --profile PROFILE_DIR and --cost-model DIR")
-    plan = FidelityPlan(
-        modes=tuple(args.modes.split(",")),
-        dispatches=tuple(args.dispatch.split(",")) if args.dispatch else (None,),
-        profile_dir=Path(args.profile) if args.profile else None,
-        cost_model_dir=Path(args.cost_model) if args.cost_model else None,
-        repeats=args.repeats,
-    )
-    spec = _load(args)
-    report = run_fidelity(spec, plan, check_out_dir(args.out), console)
-    console.print(report.markdown())
-    console.print(f"fidelity report in [bold]{args.out}[/bold]")
-    return 0
-
-
-def cmd_policy_effects(args: argparse.Namespace) -> int:
-    from experiments.policy_effects import run_policy_effects
-
-    text = run_policy_effects(
-        Path(args.cost_model), Path(args.out), range(args.seeds), args.requests
-    )
-    console.print(text)
-    console.print(f"report in [bold]{args.out}[/bold]")
-    return 0
-
-
-def cmd_scheduler_trace(args: argparse.Namespace) -> int:
-    from experiments.scheduler_fidelity import run_scheduler_trace
-    from runtime.model import ensure_tiny_model
-
-    for c in run_scheduler_trace(str(ensure_tiny_model(0)), Path(args.out), args.seed):
-        errors = ", ".join(f"{k} {v:.1%}" for k, v in c.relative_errors().items())
-        console.print(
-            f"{c.case}: steps {c.vllm_steps} vLLM / {c.sim_steps} sim, preemptions "
-            f"{c.vllm_preemptions} / {c.sim_preemptions}, mean running {c.vllm_mean_running:.2f}"
-            f" / {c.sim_mean_running:.2f} ({errors}; identical steps: {c.identical})"
-        )
-    console.print(f"report in [bold]{args.out}[/bold]")
     return 0
 
 
@@ -252,14 +203,15 @@ def _with_spec(p: argparse.ArgumentParser, default: str | None) -> None:
         "spec",
         nargs="?" if default else None,
         default=default,
-        help=f"spec YAML or shipped config name (default: {default})",
+        help="spec YAML or shipped config name"
+        + (f" (default: {default})" if default else " (experiments/configs/)"),
     )
     p.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a spec key, e.g. pipeline.mode=stream-sync",
+        help="override a spec key, e.g. pipeline.mode=stream-sync (tandem spec keys lists them)",
     )
 
 
@@ -278,8 +230,14 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
 
     sweep = sub.add_parser("sweep", help="simulate every combination of a grid")
     _with_spec(sweep, None)
-    sweep.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2")
-    sweep.add_argument("--workers", type=int, default=2)
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        required=True,
+        metavar="KEY=V1,V2",
+        help="one axis of the grid: a spec key and its values (repeat for more axes)",
+    )
+    sweep.add_argument("--workers", type=int, default=2, help="simulation processes (default 2)")
     sweep.add_argument(
         "--point-timeout",
         type=float,
@@ -288,16 +246,24 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
         help="seconds a point may take before it is stopped and recorded as failed",
     )
     sweep.add_argument(
-        "--out", required=True, help="results; a second run resumes (skips done points)"
+        "--out",
+        required=True,
+        help="directory for results.csv/.parquet and points/; a second run resumes (skips done points)",
     )
     sweep.set_defaults(func=cmd_sweep)
 
     add_advise_parser(sub, _with_spec, cmd_advise)
 
     bench = sub.add_parser("bench", help="benchmarks; the last line printed is JSON")
-    bench.add_argument("target", choices=["sim", "live"])
-    bench.add_argument("spec", nargs="?", default=None)
-    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    bench.add_argument(
+        "target", choices=["sim", "live"], help="sim: simulator speed; live: the pipeline modes"
+    )
+    bench.add_argument(
+        "spec", nargs="?", default=None, help="spec (default: streamrl-72b sim, live-tiny live)"
+    )
+    bench.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key"
+    )
     bench.add_argument(
         "--iterations",
         type=int,
@@ -310,96 +276,71 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
     bench.set_defaults(func=cmd_bench)
 
 
-def _add_live_commands(sub: argparse._SubParsersAction) -> None:
-    """serve, calibrate, profile, fidelity, model."""
-    add_serve_parser(sub)
-
-    calib = sub.add_parser("calibrate", help="fit the simulator's cost model to a profile")
-    calib.add_argument(
-        "profile_dir", help="a `tandem profile` directory, or Vidur's profiling data"
-    )
-    calib.add_argument(
-        "--from", dest="source", choices=["profile", "vidur"], default="profile",
-        help="profile: the live runtime's (cost_model.json); vidur: the GEMM efficiencies of "
-        "the roofline from Vidur's data/profiling/compute CSVs (efficiency.json)",
-    )  # fmt: skip
-    calib.add_argument("--out", required=True, help="directory for the fit and its plots")
-    calib.set_defaults(func=cmd_calibrate)
-
-    prof = sub.add_parser("profile", help="measure the live runtime's operators (for calibrate)")
-    _with_spec(prof, "live-tiny")
-    prof.add_argument("--out", required=True, help="profile directory (CSV tables, profile.json)")
-    prof.set_defaults(func=cmd_profile)
-
-    fid = sub.add_parser("fidelity", help="run a spec live and in the calibrated sim; compare")
-    _with_spec(fid, "live-tiny")
-    fid.add_argument("--modes", metavar="M1,M2", help="pipeline modes")
-    fid.add_argument("--dispatch", default=None, metavar="D1,D2", help="dispatch policies")
-    fid.add_argument("--profile", help="profile directory (calibrated into OUT/cost-model)")
-    fid.add_argument("--cost-model", help="directory of an existing cost_model.json")
-    fid.add_argument(
-        "--repeats", type=int, default=1, help="live runs per case (seeds run.seed + r); medians"
-    )
-    fid.add_argument("--out", required=True, help="report directory")
-    fid.add_argument(
-        "--report-only", action="store_true", help="rewrite the report of the cases in --out"
-    )
-    fid.set_defaults(func=cmd_fidelity)
-
-    trace = sub.add_parser(
-        "scheduler-trace", help="the simulator's engine against real vLLM, step by step"
-    )
-    trace.add_argument("--out", required=True, help="report directory")
-    trace.add_argument("--seed", type=int, default=0, help="seed of the trace")
-    trace.set_defaults(func=cmd_scheduler_trace)
-
-    effects = sub.add_parser(
-        "policy-effects", help="dispatch and instance-count savings, live and in the sim"
-    )
-    effects.add_argument("--cost-model", required=True, help="a `tandem calibrate` directory")
-    effects.add_argument("--out", required=True, help="report directory")
-    effects.add_argument("--seeds", type=int, default=3, help="paired seeds (workloads)")
-    effects.add_argument("--requests", type=int, default=96, help="requests per workload")
-    effects.set_defaults(func=cmd_policy_effects)
-
-    model = sub.add_parser("model", help="the embedded tiny model")
-    model.add_argument("action", choices=["path"])
-    model.add_argument("--seed", type=int, default=0)
-    model.set_defaults(func=cmd_model)
-
-
 def _add_study_commands(sub: argparse._SubParsersAction) -> None:
     """reproduce, ranker."""
     repro = sub.add_parser("reproduce", help="reproduce a paper's throughput study as a report")
-    repro.add_argument("study", choices=["streamrl", "pipelinerl"])
+    repro.add_argument("study", choices=["streamrl", "pipelinerl"], help="the paper's study")
     repro.add_argument("--quick", action="store_true", help="fewer iterations and points (≤ 60 s)")
     repro.add_argument("--out", help="report directory (default: runs/reproduce-STUDY)")
     repro.add_argument("--workers", type=int, default=2, help="parallel simulation processes")
     repro.set_defaults(func=cmd_reproduce)
 
     ranker = sub.add_parser("ranker", help="the output-length ranker: fit and evaluate")
-    ranker_sub = ranker.add_subparsers(dest="action", required=True)
+    ranker_sub = ranker.add_subparsers(dest="action", required=True, metavar="ACTION")
     fit = ranker_sub.add_parser("fit", help="fit a ranker on a trace (samples.parquet or CSV)")
     fit.add_argument(
         "trace", help="samples.parquet of a run, or CSV/parquet of prompt,output_tokens"
     )
     fit.add_argument("--out", required=True, help="model file to write")
-    fit.add_argument("--model", choices=["hgb", "ridge"], default="hgb")
+    fit.add_argument(
+        "--model", choices=["hgb", "ridge"], default="hgb", help="regressor (default hgb)"
+    )
     fit.add_argument("--before", type=int, default=None, help="fit on iterations < this only")
     fit.set_defaults(func=cmd_ranker)
     evaluate = ranker_sub.add_parser("eval", help="recall, rank correlation, timings")
-    evaluate.add_argument("model_file", metavar="MODEL")
-    evaluate.add_argument("trace", metavar="TRACE")
+    evaluate.add_argument("model_file", metavar="MODEL", help="a model file of ranker fit")
+    evaluate.add_argument("trace", metavar="TRACE", help="trace to score it on")
     evaluate.add_argument("--json", help="metrics JSON to write (default: MODEL.eval.json)")
     evaluate.set_defaults(func=cmd_ranker)
 
 
+def _with_consoles(handler: Handler) -> Callable[[argparse.Namespace], int]:
+    return lambda args: handler(args, console, err_console)
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``parser`` (subcommands of subcommands too)."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                out += [child, *_subparsers(child)]
+    return out
+
+
+def _log_level_option(p: argparse.ArgumentParser, default: str | None) -> None:
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS if default is None else default,
+        help="console log level (default WARNING); run.log always gets INFO",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"tandem {version()}", help="print the version"
+    )
+    _log_level_option(parser, "WARNING")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sim_commands(sub)
-    _add_live_commands(sub)
+    add_live_commands(sub, _with_spec, _with_consoles)
     _add_study_commands(sub)
+    add_tool_commands(sub, _with_spec, _with_consoles)
+    for child in _subparsers(parser):  # also after the command: tandem run --log-level INFO
+        _log_level_option(child, None)
     return parser
 
 
@@ -412,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.errors import LiveRunError  # pure Python: present on any install
 
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     handler: Callable[[argparse.Namespace], int] = args.func
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:

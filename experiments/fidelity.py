@@ -21,6 +21,7 @@ sim result directories are under ``cases/MODE-DISPATCH/repeat-R/``.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +39,13 @@ from experiments.fidelity_compare import (
 )
 from experiments.fidelity_plots import bars, lag_histograms, timeline_overlay
 from experiments.fidelity_tables import markdown_table, repeats_table, seed_orders_text
+from policies.logs import run_log
 from policies.results import RunResult
 from policies.spec import RunSpec, override_spec
 
 NO_CHECKPOINTS = 10**9  # live.checkpoint_every: never within a run
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,8 +124,9 @@ def simulate_twin(live: RunResult, case_dir: Path, cost_model_dir: Path) -> RunR
     trace_path = case_dir / "trace.parquet"
     trace_of(live.samples_frame()).to_parquet(trace_path, index=False)
     spec = sim_spec_for(live.spec, trace_path, cost_model_dir)
-    result = Simulation(spec, ranker=ranker_for(spec)).run()
-    result.save(case_dir / "sim")
+    with run_log(case_dir / "sim"):
+        result = Simulation(spec, ranker=ranker_for(spec)).run()
+        result.save(case_dir / "sim")
     return result
 
 
@@ -165,8 +170,11 @@ def _cost_model(plan: FidelityPlan, out: Path, console) -> Path:
     return target
 
 
-def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> FidelityReport:
-    """Every (mode, dispatch) live on one shared server, then its sim twin; write the report."""
+def run_fidelity(
+    base: RunSpec, plan: FidelityPlan, out: Path, console=None, on_step=None
+) -> FidelityReport:
+    """Every (mode, dispatch) live on one shared server, then its sim twin; write the report.
+    ``on_step`` hears of every step of every live run (progress)."""
     import secrets
 
     from runtime.launcher import model_dir_for
@@ -193,7 +201,8 @@ def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> 
                     spec = case_spec(base, mode, dispatch, server.base_url, token, repeat, cost_dir)
                     name = f"{mode}-{spec.policies.dispatch}"
                     case_dir = out / "cases" / name / f"repeat-{repeat}"
-                    live_result, sim_result = run_case(spec, case_dir, cost_dir)
+                    log.info("case %s, repeat %d/%d", name, repeat + 1, plan.repeats)
+                    live_result, sim_result = run_case(spec, case_dir, cost_dir, on_step)
                     key = (mode, spec.policies.dispatch)
                     if key in cases:
                         cases[key].lives.append(live_result)
@@ -207,12 +216,14 @@ def run_fidelity(base: RunSpec, plan: FidelityPlan, out: Path, console=None) -> 
     return write_report(list(cases.values()), out, plan.overlay_iteration)
 
 
-def run_case(spec: RunSpec, case_dir: Path, cost_model_dir: Path) -> tuple[RunResult, RunResult]:
+def run_case(
+    spec: RunSpec, case_dir: Path, cost_model_dir: Path, on_step=None
+) -> tuple[RunResult, RunResult]:
     """One live run of a case (under ``case_dir/live``), then its sim twin."""
     from experiments.predictors import ranker_for
     from runtime.launcher import run_live
 
-    live = run_live(spec, case_dir / "live", ranker_for(spec, live=True))
+    live = run_live(spec, case_dir / "live", ranker_for(spec, live=True), on_step)
     return live, simulate_twin(live, case_dir, cost_model_dir)
 
 

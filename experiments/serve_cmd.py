@@ -12,9 +12,11 @@ from typing import Any
 
 def add_serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="a vLLM generation server with the PipelineRL routes")
-    serve.add_argument("model_dir")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8400)
+    serve.add_argument(
+        "model_dir", help="Hugging Face model directory (tandem model path, tandem export --out)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8400, help="port (default 8400)")
     serve.add_argument(
         "--token", default=None, help="bearer token of the control routes (or TANDEM_TOKEN)"
     )

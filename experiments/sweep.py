@@ -25,6 +25,8 @@ import pandas as pd
 import yaml
 from rich.progress import Progress
 
+from experiments.predictors import ranker_for
+from policies.logs import run_log
 from policies.results import write_atomic
 from policies.spec import RunSpec, SpecError, override_spec, parse_override, read_yaml
 from runtime.errors import describe_exit
@@ -64,15 +66,17 @@ def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
 
 def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     """Simulate one grid point; a failure becomes a row with its error, never an exception."""
-    from experiments.predictors import ranker_for
     from sim.simulator import Simulation
 
     row: dict[str, Any] = dict(point)
     try:
         spec = point_spec(base, point)
-        result = Simulation(spec, ranker=ranker_for(spec)).run()
-        if out_dir is not None:
-            result.save(out_dir)
+        if out_dir is None:
+            result = Simulation(spec, ranker=ranker_for(spec)).run()
+        else:
+            with run_log(out_dir):
+                result = Simulation(spec, ranker=ranker_for(spec)).run()
+                result.save(out_dir)
         row.update(result.metrics)
         row["error"] = None
     except Exception as err:  # noqa: BLE001 - one failing point must not lose the others

@@ -30,10 +30,10 @@ class Section(BaseModel):
 class GenerationPool(Section):
     """A set of identical generation instances in one datacenter."""
 
-    hardware: str = "H800"
-    num_gpus: int = count(16, ge=1, le=MAX_GPUS)
+    hardware: str = Field("H800", description="row of hardware.csv (sim cost model)")
+    num_gpus: int = count(16, ge=1, le=MAX_GPUS, description="GPUs of the pool")
     tp: int = count(1, ge=1, le=MAX_GPUS, description="GPUs per instance (tensor parallelism)")
-    datacenter: str = "dc0"
+    datacenter: str = Field("dc0", description="datacenter name (cross-datacenter links)")
     # vLLM's engine arguments, with its names; defaults: vLLM's OpenAI server on an
     # 80 GB Hopper GPU (the hardware of the shipped configs); on the CPU vLLM uses
     # block_size 128 and 2048 batched tokens (live-tiny.yaml sets them)
@@ -78,9 +78,9 @@ class GenerationPool(Section):
 
 
 class TrainerPool(Section):
-    hardware: str = "H800"
-    num_gpus: int = count(16, ge=1, le=MAX_GPUS)
-    datacenter: str = "dc0"
+    hardware: str = Field("H800", description="row of hardware.csv (sim cost model)")
+    num_gpus: int = count(16, ge=1, le=MAX_GPUS, description="trainer GPUs")
+    datacenter: str = Field("dc0", description="datacenter name (weight transfer source)")
 
 
 class NetworkSection(Section):
@@ -91,7 +91,9 @@ class NetworkSection(Section):
 
 
 class ClusterSection(Section):
-    generation: list[GenerationPool] = Field(default_factory=lambda: [GenerationPool()])
+    generation: list[GenerationPool] = Field(
+        default_factory=lambda: [GenerationPool()], description="generation pools"
+    )
     trainer: TrainerPool = Field(default_factory=TrainerPool)
     network: NetworkSection = Field(default_factory=NetworkSection)
 

@@ -12,15 +12,30 @@ from policies.cluster import MAX_TOKENS, Section, count
 class LiveSection(Section):
     """Live runtime settings (used with ``--live``)."""
 
-    num_servers: int = count(1, ge=1, le=64)
-    host: str = "127.0.0.1"
-    base_port: int = count(8400, ge=1024, le=65000)
+    num_servers: int = count(1, ge=1, le=64, description="generation servers to start")
+    host: str = Field("127.0.0.1", description="address the servers bind to")
+    base_port: int = count(
+        8400, ge=1024, le=65000, description="port of server 0 (server i: base + i)"
+    )
     token: str | None = Field(None, description="control-route bearer token (generated if None)")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    kv_cache_gib: float = Field(1.0, gt=0)
-    max_model_len: int = count(512, ge=16, le=MAX_TOKENS)
-    temperature: float = Field(1.0, ge=0)
-    checkpoint_every: int = count(1, ge=1)  # a huge value: never (fidelity runs)
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="cuda: NCCL weight group; otherwise gloo"
+    )
+    kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV cache per server, GiB")
+    max_model_len: int = count(
+        512, ge=16, le=MAX_TOKENS, description="longest prompt + output, tokens"
+    )
+    temperature: float = Field(1.0, ge=0, description="sampling temperature")
+    checkpoint_every: int = count(
+        1, ge=1, description="optimizer steps between checkpoints (a huge value: never)"
+    )
+    keep_checkpoints: int = count(
+        3,
+        ge=0,
+        le=10_000,
+        description="newest checkpoints kept as checkpoints/step-N.pt for `tandem export "
+        "--step` (hard links: K cost K - 1 checkpoints of disk; 0: only last.pt)",
+    )
     server_urls: list[str] | None = Field(
         None, description="attach to running servers (base URLs) instead of starting num_servers"
     )

@@ -118,6 +118,8 @@ class StepStats:
     mean_lag: float | None = None
     ess: float | None = None  # effective sample size of the importance weights
     busy_s: float | None = None  # trainer compute time of the step (no waits); None: unknown
+    kl: float | None = None  # mean KL to the reference model (kl_coef > 0); None: unknown
+    clip_fraction: float | None = None  # share of tokens whose importance weight was clipped
 
 
 @dataclass(slots=True)

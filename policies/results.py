@@ -32,6 +32,7 @@ from typing import Any
 from policies.records import SampleRecord, Span, SpanKind
 from policies.resources import TRAINER
 from policies.spec import RunSpec
+from policies.trace import trace_json
 
 Interval = tuple[float, float]
 
@@ -241,9 +242,15 @@ class RunResult:
         steps = json.loads(steps_path.read_text()) if steps_path.exists() else []
         return cls(spec, metrics, samples, spans, steps)
 
+    def trace_json(self) -> bytes:
+        """The run's timeline as a Chrome / Perfetto trace (``policies.trace``)."""
+        meta = {"run": self.spec.run.name, "mode": self.spec.pipeline.mode}
+        return trace_json(self.spans, self.samples, self.steps, meta)
+
     def save(self, out_dir: str | Path, write_spec: bool = True) -> Path:
-        """Write spec.yaml, metrics.json, samples.parquet, events.parquet (each atomically);
-        ``write_spec=False`` leaves the directory's spec.yaml as it is (a resumed live run)."""
+        """Write spec.yaml, metrics.json, samples.parquet, events.parquet, steps.json and
+        trace.json (each atomically); ``write_spec=False`` leaves the directory's spec.yaml
+        as it is (a resumed live run)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if write_spec:
@@ -253,6 +260,7 @@ class RunResult:
         write_atomic(out / "events.parquet", _parquet_bytes(self.spans_frame()))
         if self.steps:
             write_atomic(out / "steps.json", json.dumps(self.steps, indent=2).encode())
+        write_atomic(out / "trace.json", self.trace_json())
         return out
 
 

@@ -43,6 +43,12 @@ class RunSection(_Section):
         10, ge=1, le=MAX_ITERATIONS, description="optimizer steps (iterations) to run"
     )
     seed: int = count(0, ge=0, description="root seed of every named random stream")
+    tracking: Literal["none", "tensorboard", "wandb", "mlflow"] = Field(
+        "none",
+        description="per-step metrics logger: tensorboard (RUN_DIR/tensorboard), wandb "
+        "(offline unless WANDB_MODE says otherwise; RUN_DIR/wandb), mlflow (file store "
+        "RUN_DIR/mlruns unless MLFLOW_TRACKING_URI is set); wandb and mlflow are extras",
+    )
 
     @field_validator("name")
     @classmethod
@@ -62,13 +68,13 @@ class ModelShape(_Section):
     active_params_b: float | None = Field(
         None, gt=0, description="parameters per token, billions (mixture of experts; None: all)"
     )
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
+    num_layers: int = Field(ge=1, description="transformer layers")
+    hidden_size: int = Field(ge=1, description="model width")
     intermediate_size: int = Field(0, ge=0, description="MLP width (an expert's, for MoE)")
-    num_attention_heads: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1, description="query heads")
     num_kv_heads: int | None = Field(None, ge=1, description="KV heads (None: as attention heads)")
     head_dim: int | None = Field(None, ge=1, description="None: hidden_size / attention heads")
-    vocab_size: int = Field(0, ge=0)
+    vocab_size: int = Field(0, ge=0, description="vocabulary size")
     num_experts: int = Field(0, ge=0, description="routed experts (0: dense)")
     num_experts_per_tok: int = Field(0, ge=0, description="experts each token is routed to")
     kv_lora_rank: int = Field(0, ge=0, description="multi-head latent attention KV rank (0: none)")
@@ -104,21 +110,32 @@ class ModelSection(_Section):
 
 
 class WorkloadSection(_Section):
-    kind: Literal["histogram", "lognormal", "pareto", "trace"] = "histogram"
-    max_output_tokens: int = count(5000, ge=1, le=MAX_TOKENS)
+    kind: Literal["histogram", "lognormal", "pareto", "trace"] = Field(
+        "histogram",
+        description="output-length distribution (sim; live prompts come from the tasks)",
+    )
+    max_output_tokens: int = count(
+        5000, ge=1, le=MAX_TOKENS, description="cap on a sample's output tokens"
+    )
     final_max_output_tokens: int | None = count(
         None,
         ge=1,
         le=MAX_TOKENS,
         description="grow max output linearly to this by the last iteration",
     )
-    prompt_tokens_median: int = count(512, ge=1, le=MAX_TOKENS)
-    prompt_tokens_sigma: float = Field(0.5, ge=0)
-    lognormal_median_tokens: float = Field(1500.0, gt=0)
-    lognormal_sigma: float = Field(0.8, gt=0)
-    pareto_alpha: float = Field(1.5, gt=0)
-    pareto_min_tokens: float = Field(300.0, gt=0)
-    trace_path: str | None = None
+    prompt_tokens_median: int = count(
+        512, ge=1, le=MAX_TOKENS, description="median prompt length, tokens (sim)"
+    )
+    prompt_tokens_sigma: float = Field(0.5, ge=0, description="log-normal sigma of prompt lengths")
+    lognormal_median_tokens: float = Field(
+        1500.0, gt=0, description="kind lognormal: median output length, tokens"
+    )
+    lognormal_sigma: float = Field(0.8, gt=0, description="kind lognormal: sigma of log lengths")
+    pareto_alpha: float = Field(1.5, gt=0, description="kind pareto: tail index")
+    pareto_min_tokens: float = Field(300.0, gt=0, description="kind pareto: smallest length")
+    trace_path: str | None = Field(
+        None, description="kind trace: CSV/parquet of prompt_id, prompt_tokens, output_tokens"
+    )
     num_prompts: int = count(
         4096, ge=1, le=MAX_RUN_SAMPLES, description="prompts in the dataset (one epoch)"
     )
@@ -140,15 +157,17 @@ class WorkloadSection(_Section):
 
 
 class AlgorithmSection(_Section):
-    name: Literal["grpo", "ppo"] = "grpo"
+    name: Literal["grpo", "ppo"] = Field(
+        "grpo", description="objective: PipelineRL's simplified GRPO or PPO-clip (live loss)"
+    )
     batch_size: int = count(1024, ge=1, le=2**20, description="samples per optimizer step")
     group_size: int = count(8, ge=1, le=4096, description="samples per prompt")
     micro_batch_per_gpu: int = count(
         1, ge=1, le=2**20, description="samples per trainer GPU per micro-batch"
     )
-    kl_coef: float = Field(0.0, ge=0)
-    clip_epsilon: float = Field(0.2, gt=0)
-    learning_rate: float = Field(1e-6, gt=0)
+    kl_coef: float = Field(0.0, ge=0, description="weight of the reference-model KL (0: none)")
+    clip_epsilon: float = Field(0.2, gt=0, description="importance-weight clip (1 + epsilon)")
+    learning_rate: float = Field(1e-6, gt=0, description="AdamW learning rate (live trainer)")
 
     @model_validator(mode="after")
     def _groups_fit(self) -> AlgorithmSection:
@@ -165,8 +184,13 @@ class PipelineSection(_Section):
     ``steps_per_generation − 1`` for ``conventional``), so there it stays unset (or equal
     to that bound): any other value is an error naming the key, never ignored."""
 
-    mode: str = "stream-async"
-    inflight: InflightHandling = InflightHandling.KEEP
+    mode: str = Field(
+        "stream-async", description="pipeline mode (tandem spec keys lists the registered ones)"
+    )
+    inflight: InflightHandling = Field(
+        InflightHandling.KEEP,
+        description="running requests at a weight update: keep, abort-resubmit or drain",
+    )
     steps_per_generation: int = count(
         1, ge=1, le=4096, description="conventional mode: optimizer steps per generated batch (G)"
     )
@@ -202,18 +226,22 @@ class PipelineSection(_Section):
 
 
 class ElasticSection(_Section):
-    max_extra_instances: int = count(4, ge=0, le=4096)
+    max_extra_instances: int = count(4, ge=0, le=4096, description="elastic: most instances added")
     gpus_per_step: int = count(8, ge=1, le=4096, description="GPUs added per scale-out (one node)")
 
 
 class PoliciesSection(_Section):
-    dispatch: str = "skewness-aware"
-    dispatch_objective: Literal["sum", "max"] = "sum"
-    long_tail_fraction: float = Field(0.2, gt=0, lt=1)
-    scheduling: str = "lpt"
-    length_predictor: str = "oracle"
+    dispatch: str = Field("skewness-aware", description="which instance serves each sample")
+    dispatch_objective: Literal["sum", "max"] = Field(
+        "sum", description="skewness-aware: minimise the sum or the max of instance loads"
+    )
+    long_tail_fraction: float = Field(
+        0.2, gt=0, lt=1, description="skewness-aware: share of samples treated as long-tail"
+    )
+    scheduling: str = Field("lpt", description="order of requests inside an instance")
+    length_predictor: str = Field("oracle", description="predicted output lengths (dispatch)")
     predictor_recall: float = Field(0.87, gt=0, le=1, description="noisy-oracle: top-20% recall")
-    allocation: str = "fixed"
+    allocation: str = Field("fixed", description="split of GPUs between generation and training")
     elastic: ElasticSection = Field(default_factory=ElasticSection)
 
     @field_validator("dispatch")
@@ -268,7 +296,9 @@ class EfficiencySection(_Section):
     attention_compute: float = Field(0.5, gt=0, le=1, description="attention FLOP/s / peak")
     train_mfu: float = Field(0.4, gt=0, le=1, description="training model-FLOPs utilisation")
     step_overhead_s: float = Field(0.00406, ge=0, description="fixed cost per engine step, s")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="share of HBM vLLM may use (weights + KV cache)"
+    )
 
 
 class SimSection(_Section):
@@ -278,7 +308,9 @@ class SimSection(_Section):
         "`tandem calibrate --from vidur`) or 'profiled:PATH' (a live profile's calibration)",
     )
     efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
-    fast_forward: bool = True
+    fast_forward: bool = Field(
+        True, description="advance engines event to event in closed form (False: step by step)"
+    )
     instance_start_s: float = Field(60.0, ge=0, description="elastic: time to start an instance")
 
     @field_validator("cost_model")

@@ -54,6 +54,7 @@ from policies.modes.events import (
 )
 from policies.records import InflightHandling, Request, SpanKind
 from policies.resources import TRAINER, generation_resource
+from policies.tracking import StepUpdate
 from runtime.errors import LiveRunError
 from runtime.gen_client import Generated, GenerationClient, SampleFailed
 from runtime.groups import GroupBook
@@ -74,6 +75,7 @@ class ActorConfig:
     length_update_every: int = 32  # finished samples per update of an online length predictor
     weight_host: str = "127.0.0.1"  # where the trainer hosts the weight group (live.host)
     weight_backend: str = "gloo"
+    num_steps: int | None = None  # the run's global number of steps (for step updates)
 
     def seed_of(self, request: Request) -> int | None:
         """The sampling seed of one sample: the same sample draws the same random numbers
@@ -96,6 +98,7 @@ class Actor:
         learn_lengths: Callable[[list[Request], list[int]], None] | None = None,
         servers: Servers | None = None,
         after_step: Callable[[int], Awaitable[None]] | None = None,
+        on_step: Callable[[StepUpdate], None] | None = None,
     ) -> None:
         self.config = config
         self.controller = controller
@@ -105,6 +108,7 @@ class Actor:
         self.priority = priority
         self.recorder = recorder
         self.learn_lengths = learn_lengths  # an online length predictor's update, if any
+        self.on_step = on_step  # gets a StepUpdate after every optimizer step (tracking)
         self._lengths_seen: tuple[list[Request], list[int]] = ([], [])
         self.groups = GroupBook(config.group_size)
         self.pauses_s: list[float] = []
@@ -293,6 +297,9 @@ class Actor:
             await self.after_step(step)
         end = self.now()
         self.recorder.span(TRAINER, SpanKind.TRAIN, start, end, iteration=step)
+        if self.on_step is not None:
+            done = dataclasses.replace(stats, end_s=end)
+            self.on_step(self.recorder.step_update(done, end, self.config.num_steps))
         local = dataclasses.replace(stats, step=cmd.step, version=cmd.step + 1, end_s=end)
         self._events.put_nowait(TrainStepDone(end, local))
 
@@ -331,7 +338,9 @@ class Actor:
         result, members = await self.faults.push(version)
         end = self.now()
         self.pauses_s += result.pause_s
-        self.recorder.span(TRAINER, SpanKind.WEIGHT_SYNC, start, end)
+        # a transfer carries the step whose weights it moves (as the simulator's links do)
+        step = version - 1 if version > 0 else None
+        self.recorder.span(TRAINER, SpanKind.WEIGHT_SYNC, start, end, iteration=step)
         for i, pause_s in zip(members, result.pause_s):
             self.recorder.span(generation_resource(i), SpanKind.WEIGHT_SYNC, end - pause_s, end)
         return result

@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from policies.build import ExecutorInputs, RunPolicies, build_policies, instance_views, mode_of
+from policies.logs import run_log
 from policies.modes.base import PromptSource
 from policies.protocols import LengthPredictor, OnlineLengthPredictor
 from policies.records import InflightHandling, Request
@@ -35,6 +37,7 @@ from policies.resources import generation_resource
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
+from policies.tracking import StepUpdate
 from runtime.actor import Actor, ActorConfig
 from runtime.cost import live_cost_model
 from runtime.errors import LiveRunError
@@ -54,6 +57,8 @@ from runtime.supervisor import Servers, ServerSlot
 from runtime.tasks import TaskPromptSource, TaskSet
 from runtime.trainer import TrainerConfig
 from runtime.trainer_proc import TrainerProcess
+
+log = logging.getLogger(__name__)
 
 
 class ResumablePrompts:
@@ -115,6 +120,7 @@ AfterStep = Callable[[int], Awaitable[None]]
 def run_live(
     spec: RunSpec, out_dir: Path, length_predictor: LengthPredictor | None = None,
     force_new_spec: bool = False, after_step: AfterStep | None = None,
+    on_step: Callable[[StepUpdate], None] | None = None,
 ) -> RunResult:  # fmt: skip
     """Run ``spec`` on real vLLM servers and a torch trainer; write and return the result.
 
@@ -122,10 +128,19 @@ def run_live(
     by the caller, e.g. an empty ``ranker.online.RankerPredictor``); one that can
     ``update`` learns from the run's own completions as they finish. ``force_new_spec``:
     resume a run directory even with a spec that changes training. ``after_step(step)``
-    is awaited after every optimizer step and its checkpoint (progress, tests)."""
+    is awaited after every optimizer step and its checkpoint (tests); ``on_step`` gets a
+    :class:`StepUpdate` after every optimizer step, as it happens (progress, tracking)."""
     _check_supported(spec)
     run_dir = RunDir(Path(out_dir))
     run_dir.prepare(spec, force_new_spec)  # before anything starts
+    with run_log(run_dir.path):
+        return _run_processes(spec, run_dir, length_predictor, after_step, on_step)
+
+
+def _run_processes(
+    spec: RunSpec, run_dir: RunDir, length_predictor, after_step, on_step
+) -> RunResult:
+    """Start (or attach to) the servers and the trainer, run, stop what was started."""
     model_dir = model_dir_for(spec)
     token = spec.live.token or secrets.token_hex(16)
     gen_cores, train_cores = split_cores(spec.live.num_servers)
@@ -134,11 +149,12 @@ def run_live(
     servers = Servers([], token)
     try:
         servers = _servers(spec, model_dir, token, gen_cores, run_dir.path, started)
+        log.info("starting the trainer process (cores %s)", train_cores)
         trainer.start()
         run_dir.record_processes(
             {"trainer": trainer.pid, **{f"server-{p.instance_id}": p.proc.pid for p in started}}
         )
-        run = _run(spec, run_dir, trainer, servers, length_predictor, after_step)
+        run = _run(spec, run_dir, trainer, servers, length_predictor, after_step, on_step)
         return asyncio.run(run)
     except ServersLost as err:
         raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
@@ -157,6 +173,7 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
         learning_rate=a.learning_rate, clip_epsilon=a.clip_epsilon, kl_coef=a.kl_coef,
         seed=spec.run.seed, num_threads=spec.live.trainer_threads,
         micro_batch_samples=spec.live.micro_batch_samples,
+        keep_checkpoints=spec.live.keep_checkpoints,
     )  # fmt: skip
 
 
@@ -184,13 +201,15 @@ def _start_server(spec, model_dir, token, cores, out_dir, i: int) -> ServerProce
 
 async def _run(
     spec: RunSpec, run_dir: RunDir, trainer: TrainerProcess, servers: Servers,
-    length_predictor, after_step: AfterStep | None,
+    length_predictor, after_step: AfterStep | None, on_step,
 ) -> RunResult:  # fmt: skip
     ckpt = run_dir.checkpoint
+    log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
     position = await trainer.initialise(str(ckpt))
     recorder, trained_ids = Recorder(), set()
     offset, time_offset_s = 0, 0.0
     if position is not None:
+        log.info("resuming after step %d (%s)", position.next_step - 1, ckpt)
         trained_ids = {s.sample_id for s in position.samples}
         offset, time_offset_s = position.next_step, position.time_s
         recorder = Recorder.resumed(position)
@@ -198,6 +217,7 @@ async def _run(
     ids = sorted(servers.slots)
     backend = "nccl" if spec.live.device == "cuda" else "gloo"
     host = spec.live.host
+    log.info("joining the weight group (%s) with %d server(s)", backend, len(ids))
     await trainer.join_group([servers.addr(i) for i in ids], host, free_port(host), backend)
     clients = {
         i: GenerationClient(i, servers.slots[i].base_url, spec.live.temperature, spec.live.api_key)
@@ -207,11 +227,16 @@ async def _run(
         end_s = time_offset_s
         if spec.run.iterations - offset > 0:
             actor = _make_actor(
-                spec, clients, trainer, recorder, trained_ids, offset, str(ckpt), length_predictor
-            )
+                spec, clients, trainer, recorder, trained_ids, offset, str(ckpt), length_predictor,
+                on_step,
+            )  # fmt: skip
             actor.faults.servers, actor.after_step = servers, after_step
             actor.start_clock(time_offset_s)
+            log.info("loading the trainer's weights on the servers")
             await actor.push_now(offset)  # the servers serve the trainer's weights
+            log.info(
+                "running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode
+            )
             end_s = await actor.run()
     finally:
         for c in clients.values():
@@ -220,12 +245,14 @@ async def _run(
     lost = [f for f in run_dir.faults() if f["event"] == "lost"]
     result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
     result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
+    log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
 
 
 def _make_actor(
-    spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str, length_predictor
-) -> Actor:
+    spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str, length_predictor,
+    on_step,
+) -> Actor:  # fmt: skip
     tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
     source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
     prompts = ResumablePrompts(source, trained_ids)
@@ -238,12 +265,13 @@ def _make_actor(
         checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
         weight_host=spec.live.host,
         weight_backend="nccl" if spec.live.device == "cuda" else "gloo",
+        num_steps=spec.run.iterations,
     )  # fmt: skip
     predictor = policies.predictor
     learn = predictor.update if isinstance(predictor, OnlineLengthPredictor) else None
     return Actor(
         config, policies.controller, clients, trainer, tasks, policies.scheduling.priority,
-        recorder, learn,
+        recorder, learn, on_step=on_step,
     )  # fmt: skip
 
 

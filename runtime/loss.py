@@ -41,6 +41,17 @@ def effective_sample_size(weights: torch.Tensor) -> float:
     return float(w.sum() ** 2 / (w.numel() * (w * w).sum()))
 
 
+def clip_fraction(weights: torch.Tensor, algorithm: str, epsilon: float) -> float | None:
+    """Share of tokens whose importance weight the objective clipped: above ``1 + ε``
+    (``grpo`` clamps only from above), outside ``[1 − ε, 1 + ε]`` (``ppo``)."""
+    if weights.numel() == 0:
+        return None
+    clipped = weights > 1.0 + epsilon
+    if algorithm == "ppo":
+        clipped |= weights < 1.0 - epsilon
+    return float(clipped.double().mean())
+
+
 def rl_loss(
     logp: torch.Tensor,
     logp_old: torch.Tensor,

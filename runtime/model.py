@@ -13,15 +13,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.tasks import VOCAB, TaskPrompt, TaskSet
 
 BUILD_VERSION = 2  # bump when the build recipe (or the tasks it trains on) changes
+
+log = logging.getLogger(__name__)
+BuildProgress = Callable[[int, int, float], None]  # (warm-start step, of steps, loss)
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,16 +54,20 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "tandem"
 
 
-def ensure_tiny_model(seed: int = 0, config: TinyModelConfig | None = None) -> Path:
-    """The cached model directory for ``config`` (default: seed ``seed``), built if absent."""
+def ensure_tiny_model(
+    seed: int = 0, config: TinyModelConfig | None = None, on_progress: BuildProgress | None = None
+) -> Path:
+    """The cached model directory for ``config`` (default: seed ``seed``), built if absent
+    (``on_progress`` hears of every warm-start step)."""
     config = config or TinyModelConfig(seed=seed)
     final = cache_root() / "models" / f"tiny-{config.digest()}"
     if (final / "config.json").exists():
         return final
+    log.info("building the tiny model in %s (%d warm-start steps)", final, config.sft_steps)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".build-"))
     try:
-        build_tiny_model(config, tmp)
+        build_tiny_model(config, tmp, on_progress)
         os.replace(tmp, final)
     except OSError:
         if not (final / "config.json").exists():  # not lost to a concurrent build
@@ -103,7 +112,9 @@ def _llama_config(config: TinyModelConfig):  # -> transformers.LlamaConfig
     )
 
 
-def build_tiny_model(config: TinyModelConfig, out_dir: Path) -> None:
+def build_tiny_model(
+    config: TinyModelConfig, out_dir: Path, on_progress: BuildProgress | None = None
+) -> None:
     """Initialise from ``config.seed``, warm-start on the tasks, save HF files to ``out_dir``."""
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
@@ -113,7 +124,7 @@ def build_tiny_model(config: TinyModelConfig, out_dir: Path) -> None:
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(_llama_config(config))
     tokenizer = build_tokenizer()
-    warm_start(model, tokenizer, config)
+    warm_start(model, tokenizer, config, on_progress)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     eos = VOCAB.index("<eos>")
@@ -142,7 +153,9 @@ def _sft_batch(tokenizer, prompts: list[TaskPrompt]):  # -> (ids, targets) tenso
     return ids, targets
 
 
-def warm_start(model, tokenizer, config: TinyModelConfig) -> list[float]:
+def warm_start(
+    model, tokenizer, config: TinyModelConfig, on_progress: BuildProgress | None = None
+) -> list[float]:
     """Supervised steps on fresh task prompts (seeded); returns the loss curve."""
     import torch
 
@@ -167,6 +180,8 @@ def warm_start(model, tokenizer, config: TinyModelConfig) -> list[float]:
         optim.step()
         sched.step()
         losses.append(float(loss.detach()))
+        if on_progress is not None:
+            on_progress(step, config.sft_steps, losses[-1])
     model.eval()
     return losses
 

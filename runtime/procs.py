@@ -10,6 +10,7 @@ installed by the server) the engine-core and worker processes vLLM forks below i
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -27,6 +28,8 @@ from runtime.lifetime import die_with_parent, reap_forks_with_parent
 __all__ = ["die_with_parent", "reap_forks_with_parent"]  # their home: runtime.lifetime
 
 ENGINE_CORES_ENV = "TANDEM_ENGINE_CORES"  # cores the server pins its engine processes to
+
+logger = logging.getLogger(__name__)
 
 
 def split_cores(num_servers: int) -> tuple[list[int], list[int]]:
@@ -79,6 +82,7 @@ def start_server(
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{instance_id}.log"
     launcher_pid = os.getpid()
+    logger.info("starting vLLM server %d on %s:%d (log %s)", instance_id, host, port, log_path)
 
     def setup() -> None:
         die_with_parent(signal.SIGKILL, launcher_pid)
@@ -103,7 +107,9 @@ def server_died(server: ServerProcess, when: str) -> ProcessDied:
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
+    logger.info("waiting for server %d: vLLM engine start (~35 s on a CPU)", server.instance_id)
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
             tail = server.log_path.read_text(errors="replace")[-3000:]
@@ -111,6 +117,9 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
             raise ProcessDied(f"{error}; its log ends:\n{tail}")
         try:
             if httpx.get(server.base_url + "/health", timeout=2.0).status_code == 200:
+                logger.info(
+                    "server %d healthy after %.0f s", server.instance_id, time.monotonic() - start
+                )
                 return
         except httpx.HTTPError:
             pass
@@ -132,6 +141,7 @@ def stop_server(server: ServerProcess, grace_s: float = 15.0) -> None:
     """SIGTERM the server's whole process group (API server, engine core, worker), then
     SIGKILL what is left. Always the group: a leader that already died (killed, crashed)
     leaves its engine processes running otherwise."""
+    logger.info("stopping server %d", server.instance_id)
     pgid = server.proc.pid  # started with start_new_session: the leader's pid is the group's
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)

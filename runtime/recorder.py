@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from policies.records import Completion, Request, SampleRecord, Span, SpanKind
+from policies.records import Completion, Request, SampleRecord, Span, SpanKind, StepStats
 from policies.resources import generation_resource
+from policies.tracking import StepUpdate
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,6 +72,9 @@ class Recorder:
         self._max_batch: dict[int, int] = {}
         self.faults: list[Fault] = []
         self.on_fault: Callable[[Fault], None] | None = None  # e.g. append to faults.json
+        self._trained_in: dict[int, list[int]] = {}  # global step -> its sample ids
+        self._spans_reported = 0  # spans already handed to a step update
+        self._resumed_at_s: float | None = None  # a resumed run's clock at its checkpoint
 
     @classmethod
     def resumed(cls, position: DataPosition) -> Recorder:
@@ -79,6 +83,8 @@ class Recorder:
         recorder.samples = {s.sample_id: s for s in position.samples}
         recorder.spans = list(position.spans)
         recorder.steps = list(position.steps)
+        recorder._spans_reported = len(recorder.spans)
+        recorder._resumed_at_s = position.time_s
         return recorder
 
     def position(self, step: int, time_s: float) -> DataPosition:
@@ -135,6 +141,19 @@ class Recorder:
         """``step`` is global; the sample is trained into version ``step + 1``... from ``step``."""
         for sid in sample_ids:
             self.samples[sid] = replace(self.samples[sid], train_step=step, version_trained=step)
+        self._trained_in.setdefault(step, []).extend(sample_ids)
+
+    def step_update(self, stats: StepStats, now_s: float, num_steps: int) -> StepUpdate:
+        """What global step ``stats.step`` trained, the spans since the last update and
+        the busy periods still open at ``now_s``."""
+        samples = tuple(self.samples[sid] for sid in self._trained_in.pop(stats.step, []))
+        spans, self._spans_reported = self.spans[self._spans_reported :], len(self.spans)
+        open_spans = tuple(
+            Span(generation_resource(i), SpanKind.DECODE, start, now_s)
+            for i, start in sorted(self._busy_since.items())
+        )
+        start_s, self._resumed_at_s = self._resumed_at_s, None
+        return StepUpdate(stats, samples, tuple(spans), open_spans, num_steps, start_s)
 
     def span(self, resource: str, kind: SpanKind, start_s: float, end_s: float, **kw) -> None:
         self.spans.append(Span(resource, kind, start_s, end_s, **kw))

@@ -20,7 +20,7 @@ import torch
 
 from policies.records import StepStats
 from policies.results import write_atomic
-from runtime.loss import effective_sample_size, rl_loss
+from runtime.loss import clip_fraction, effective_sample_size, rl_loss
 from runtime.weight_sync import WeightSender, params_meta
 
 
@@ -36,6 +36,7 @@ class TrainerConfig:
     seed: int = 0
     num_threads: int = 1
     micro_batch_samples: int = 8  # samples per forward/backward (a call is split into these)
+    keep_checkpoints: int = 0  # per-step checkpoints kept beside last.pt (runtime.checkpoints)
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +60,7 @@ class _StepAccumulator:
     rewards: list[float] = field(default_factory=list)
     lags: list[int] = field(default_factory=list)
     weights: list[torch.Tensor] = field(default_factory=list)
+    kl_sum: float = 0.0  # reference KL of each micro-batch, weighted by its samples
     busy_s: float = 0.0
     start_s: float | None = None
 
@@ -146,6 +148,7 @@ class Trainer:
         )
         out.loss.backward()
         self._note(items, mask, out.loss, out.weights)
+        self._acc.kl_sum += out.kl * len(items)
         return float(out.loss.detach())
 
     def _ref_logprobs(self, items: list[TrainItem]) -> torch.Tensor | None:
@@ -185,7 +188,15 @@ class Trainer:
             mean_lag=sum(acc.lags) / len(acc.lags) if acc.lags else None,
             ess=effective_sample_size(weights),
             busy_s=busy_s,
+            kl=self._mean_kl(acc),
+            clip_fraction=clip_fraction(weights, self.config.algorithm, self.config.clip_epsilon),
         )
+
+    def _mean_kl(self, acc: _StepAccumulator) -> float | None:
+        """The step's reference KL per sample; None without a reference model."""
+        if self.ref_model is None or not acc.num_samples:
+            return None
+        return acc.kl_sum / acc.num_samples
 
     # -- weights -----------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from policies.records import StepStats
+from runtime.checkpoints import keep_step
 from runtime.errors import ProcessDied, describe_exit
 from runtime.procs import die_with_parent
 from runtime.recorder import DataPosition
@@ -162,7 +163,10 @@ class TrainerWorker:
         return self.trainer.step(step, now_s)
 
     def checkpoint(self, path: str, data: dict[str, Any]) -> None:
+        """Write ``path`` (last.pt) and keep it as the checkpoint of its step."""
         self.trainer.save_checkpoint(Path(path), data)
+        step = data["next_step"] - 1
+        keep_step(Path(path), step, self.trainer.config.keep_checkpoints)
 
     def checksums(self) -> dict[str, tuple[float, float]]:
         from runtime.weight_sync import tensor_checksum

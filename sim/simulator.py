@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from policies.resources import TRAINER, link_resource
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
+from policies.tracking import StepUpdate
 from sim.costs import SimCostModel, build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.sequence import engine_limits
@@ -70,6 +72,8 @@ from sim.trainer import SimTrainer
 from sim.workload import Workload
 
 NUM_CALIBRATION_SAMPLES = 20000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -92,14 +96,24 @@ class Simulation:
         self.fast_forward = spec.sim.fast_forward if fast_forward is None else fast_forward
         self.ranker = ranker  # for ``length_predictor: ranker``, fitted by the caller
 
-    def run(self, on_step: Callable[[int], None] | None = None) -> RunResult:
+    def run(self, on_step: Callable[[StepUpdate], None] | None = None) -> RunResult:
+        """Simulate the spec; ``on_step`` gets a :class:`StepUpdate` after every optimizer
+        step (in simulated time), e.g. a progress bar or an ``experiments.tracking`` logger."""
         wall0 = time.perf_counter()
         with _few_collections():
             world = _World(self.spec, self.fast_forward, on_step, self.ranker)
+            log.info(
+                "simulating %s: %s, %d instances, %d iterations of %d samples",
+                self.spec.run.name, self.spec.pipeline.mode, len(world.instances),
+                self.spec.run.iterations, self.spec.algorithm.batch_size,
+            )  # fmt: skip
             world.env.process(world.trainer.run())
             world.emit(Start(0.0))
             world.env.run(until=world.done)
-            return world.result(time.perf_counter() - wall0)
+            result = world.result(time.perf_counter() - wall0)
+        metrics = result.metrics
+        log.info("simulated %.1f s in %.2f s", metrics["makespan_s"], metrics["sim_wall_s"])
+        return result
 
 
 @contextlib.contextmanager
@@ -149,7 +163,7 @@ class _World:
         self,
         spec: RunSpec,
         fast_forward: bool,
-        on_step: Callable[[int], None] | None,
+        on_step: Callable[[StepUpdate], None] | None,
         ranker: LengthPredictor | None = None,
     ):
         self._ranker = ranker
@@ -165,6 +179,8 @@ class _World:
         self.colocated = self.mode.colocated
         self._fast_forward = fast_forward
         self._on_step = on_step
+        self._trained: dict[int, list[Completion]] = {}  # step -> its samples (for on_step)
+        self._spans_reported = 0  # spans already handed to on_step
         views = instance_views(self.spec, self.cost.kv_capacity_tokens)
         self.policies = build_policies(self.spec, self._executor_inputs(), views, allocation)
         self.controller = self.policies.controller
@@ -178,7 +194,7 @@ class _World:
                 self._add_instance(pool, version=0)
         self._handlers: dict[type, Callable] = {
             Dispatch: self._dispatch,
-            TrainSamples: self.trainer.submit,
+            TrainSamples: self._train_samples,
             OptimizerStep: self.trainer.submit,
             PushWeights: self._push_weights,
             SwitchContext: self._switch_context,
@@ -276,11 +292,22 @@ class _World:
     def _aborted(self, instance_id: int, requests: list[Request]) -> None:
         self.emit(RequestsAborted(to_seconds(self.env.now), instance_id, tuple(requests)))
 
+    def _train_samples(self, command: TrainSamples) -> None:
+        if self._on_step is not None:
+            self._trained.setdefault(command.step, []).extend(command.completions)
+        self.trainer.submit(command)
+
     def _step_done(self, stats: StepStats) -> None:
         self.steps.append(stats)
         if self._on_step is not None:
-            self._on_step(stats.step)
+            self._on_step(self._step_update(stats))
         self.emit(TrainStepDone(to_seconds(self.env.now), stats))
+
+    def _step_update(self, stats: StepStats) -> StepUpdate:
+        done = self._trained.pop(stats.step, [])
+        samples = tuple(SampleRecord.from_completion(c, train_step=stats.step) for c in done)
+        spans, self._spans_reported = self.spans[self._spans_reported :], len(self.spans)
+        return StepUpdate(stats, samples, tuple(spans), num_steps=self.spec.run.iterations)
 
     def _push_weights(self, command: PushWeights) -> None:
         num_bytes = self.cost.weight_bytes

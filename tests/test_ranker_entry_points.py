@@ -42,9 +42,9 @@ class FakeLive:
     def __init__(self) -> None:
         self.predictors: list = []
 
-    def __call__(self, spec, out_dir, length_predictor=None):
+    def __call__(self, spec, out_dir, length_predictor=None, on_step=None, force_new_spec=False):
         self.predictors.append(length_predictor)
-        result = Simulation(spec, ranker=ranker_for(spec)).run()
+        result = Simulation(spec, ranker=ranker_for(spec)).run(on_step=on_step)
         result.save(out_dir)
         return result
 

@@ -140,7 +140,7 @@ def _actor(mode: str, num_servers: int, break_after: int, restart: bool, iterati
     clients[num_servers - 1].break_after = break_after
     trainer = FakeTrainer(world)
     recorder = Recorder()
-    actor: Actor = _make_actor(spec, clients, trainer, recorder, set(), 0, None, None)
+    actor: Actor = _make_actor(spec, clients, trainer, recorder, set(), 0, None, None, None)
     actor.faults.servers = FakeServers(world, restart)
     return actor, world, trainer, recorder
 

@@ -1,0 +1,69 @@
+"""``run.log``: the log of one run, written into its run directory while it runs.
+
+Every module logs through the standard library (``logging.getLogger(__name__)``); the
+CLI sets the console's level (``--log-level``). :func:`run_log` adds a file handler for
+the duration of a run: INFO and above from tandem's own packages, WARNING and above from
+everything else (vLLM, httpx), so the file stays readable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGES = ("policies", "sim", "runtime", "ranker", "experiments")
+RUN_LOG = "run.log"
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def is_tandem(record: logging.LogRecord) -> bool:
+    """Whether a record comes from one of tandem's packages."""
+    return record.name.split(".", 1)[0] in PACKAGES
+
+
+class _RunLogFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or is_tandem(record)
+
+
+def _attached(path: Path) -> bool:
+    return any(
+        isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path
+        for h in logging.getLogger().handlers
+    )
+
+
+@contextlib.contextmanager
+def run_log(out_dir: str | Path, level: int = logging.INFO) -> Iterator[Path]:
+    """Append the run's log records to ``out_dir/run.log`` while the block runs.
+
+    The root logger's level is lowered to ``level`` for the block if it was higher (and
+    restored after), so the file gets INFO records even when nothing configured logging
+    (warnings then still reach stderr, as they did). Nested calls for the same directory
+    write each record once."""
+    path = (Path(out_dir) / RUN_LOG).resolve()
+    if _attached(path):
+        yield path
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(level)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(_RunLogFilter())
+    root = logging.getLogger()
+    old_level = root.level
+    # with no handler configured, warnings went to stderr (logging.lastResort): keep that
+    added = [handler] if root.handlers else [handler, logging.lastResort]
+    if old_level > level:
+        root.setLevel(level)
+    for h in added:
+        root.addHandler(h)
+    try:
+        yield path
+    finally:
+        for h in added:
+            root.removeHandler(h)
+        root.setLevel(old_level)
+        handler.close()

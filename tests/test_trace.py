@@ -1,0 +1,84 @@
+"""``trace.json``: every run's timeline in Chrome's trace-event format, validated."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from helpers import small_spec
+from trace_format import validate_trace
+
+from experiments.cli import main
+from policies.records import Span, SpanKind
+from policies.results import RunResult
+from policies.trace import trace_events
+from sim.simulator import Simulation
+
+
+def _complete(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+
+
+def test_every_simulated_run_writes_a_valid_trace_of_its_spans_samples_and_steps(tmp_path):
+    result = Simulation(small_spec(run__iterations=3, pipeline__mode="stream-async")).run()
+    result.save(tmp_path)
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    tracks = validate_trace(doc)
+    events = _complete(doc)
+    by_cat = defaultdict(list)
+    for e in events:
+        by_cat[e["cat"]].append(e)
+    assert len(by_cat["span"]) == len(result.spans)
+    assert len(by_cat["sample"]) == len(result.samples)
+    assert len(by_cat["step"]) == 3
+    resources = {s.resource for s in result.spans}
+    processes = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert processes == resources  # one process per instance, trainer and link
+    assert {"gen-0", "gen-1", "trainer"} <= set(tracks.values())
+    # times are microseconds of the run; names carry sample, iteration, step and version
+    sample = result.samples[5]
+    [ev] = [e for e in by_cat["sample"] if e["name"] == f"sample {sample.sample_id}"]
+    assert ev["ts"] == round(sample.gen_start_s * 1e6)
+    assert ev["ts"] + ev["dur"] == round(sample.gen_end_s * 1e6)
+    assert ev["args"]["version_start"] == sample.version_start
+    assert tracks[(ev["pid"], ev["tid"])].startswith("samples ")
+    names = {e["name"] for e in events}
+    assert {"decode · iter 0", "train · step 2", "step 1", "weight_sync · v1"} <= names
+
+
+def test_spans_that_overlap_without_nesting_go_to_a_second_lane():
+    spans = [
+        Span("gen-0", SpanKind.DECODE, 0.0, 1.0, 0, 4),
+        Span("gen-0", SpanKind.WEIGHT_SYNC, 0.5, 0.6),  # nested: same lane
+        Span("gen-0", SpanKind.WEIGHT_SYNC, 0.9, 1.2),  # straddles the end: a new lane
+        Span("trainer", SpanKind.TRAIN, 0.2, 0.8, 0, 8),
+    ]
+    doc = {"traceEvents": trace_events(spans)}
+    tracks = validate_trace(doc)
+    lanes = defaultdict(list)
+    for e in _complete(doc):
+        lanes[tracks[(e["pid"], e["tid"])]].append(e["ts"])
+    assert lanes == {"gen-0": [0, 500_000], "gen-0 · lane 1": [900_000], "trainer": [200_000]}
+
+
+def test_the_validator_catches_a_broken_trace():
+    good = {"traceEvents": trace_events([Span("gen-0", SpanKind.DECODE, 0.0, 1.0)])}
+    validate_trace(good)
+    broken = json.loads(json.dumps(good))
+    broken["traceEvents"].append({**_complete(good)[0], "ts": 500_000})  # overlapping
+    try:
+        validate_trace(broken)
+    except AssertionError as err:
+        assert "overlap" in str(err)
+    else:
+        raise AssertionError("an overlapping event passed")
+
+
+def test_tandem_trace_rewrites_the_trace_of_a_run_directory(tmp_path: Path):
+    Simulation(small_spec(run__iterations=2)).run().save(tmp_path)
+    before = (tmp_path / "trace.json").read_bytes()
+    (tmp_path / "trace.json").unlink()
+    assert main(["trace", str(tmp_path)]) == 0
+    assert (tmp_path / "trace.json").read_bytes() == before  # from the parquet files alone
+    assert RunResult.load(tmp_path).trace_json() == before

@@ -1,0 +1,213 @@
+"""Per-step tracking: the step reports, the TensorBoard file read back, W&B and MLflow calls."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from helpers import small_spec
+
+from experiments.cli import main
+from experiments.tracking import TensorBoardLogger, Tracker, tracker_for
+from policies.records import SampleRecord, Span, SpanKind, StepStats
+from policies.tracking import StepReporter, StepUpdate
+from sim.simulator import Simulation
+
+
+def _scalars(log_dir: Path) -> dict[str, dict[int, float]]:
+    """tag -> step -> value, read back from the event files with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not log_dir.exists():
+        return {}
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def _sample(sid: int, step: int, start: float, end: float, version: int) -> SampleRecord:
+    return SampleRecord(
+        sample_id=sid, prompt_id=sid, group_id=sid, iteration=step, instance_id=0,
+        prompt_tokens=5, output_tokens=10, predicted_output_tokens=None, dispatch_s=start,
+        gen_start_s=start, gen_end_s=end, train_step=step, version_start=version,
+        version_end=step, version_trained=step, reward=0.5 + sid / 10,
+    )  # fmt: skip
+
+
+def test_step_reports_count_each_window_once_and_open_busy_periods():
+    rep = StepReporter()
+    busy = Span("gen-0", SpanKind.DECODE, 0.0, 1.5)
+    pause = Span("gen-0", SpanKind.WEIGHT_SYNC, 1.9, 2.0)
+    train = Span("trainer", SpanKind.TRAIN, 1.0, 1.5, iteration=0)
+    stats0 = StepStats(0, 1, 2, 30, 1.0, 2.0, loss=0.1, busy_s=0.5, clip_fraction=0.25)
+    r0 = rep.report(StepUpdate(stats0, (_sample(0, 0, 0.0, 1.0, 0), _sample(1, 0, 0.2, 1.5, 0)),
+                               (busy, train, pause)))  # fmt: skip
+    assert (r0.window_s, r0.samples_per_s, r0.generation_s) == (2.0, 1.0, 1.5)
+    assert r0.utilization == {"gen-0": 0.75, "trainer": 0.25}
+    assert r0.pause_s == pytest.approx(0.1) and r0.reward == pytest.approx(0.55)
+    assert r0.clip_fraction == 0.25 and r0.max_staleness == 0
+    # step 1: nothing new recorded, but gen-0 has been busy since 3.0 (live: still open)
+    stats1 = StepStats(1, 2, 1, 10, 3.0, 4.0, mean_reward=0.9)
+    r1 = rep.report(StepUpdate(stats1, (_sample(2, 1, 2.0, 3.5, 0),), (),
+                               (Span("gen-0", SpanKind.DECODE, 3.0, 4.0),)))  # fmt: skip
+    assert r1.window_s == 2.0 and r1.utilization == {"gen-0": 0.5, "trainer": 0.0}
+    assert r1.pause_s == 0.0 and r1.reward == 0.9 and r1.mean_staleness == 1
+    scalars = r1.scalars()
+    assert scalars["utilization/gen-0"] == 0.5 and "loss" not in scalars
+
+
+def test_a_simulated_run_logs_every_step_to_tensorboard_as_it_happens(tmp_path):
+    spec = small_spec(run__iterations=4, run__tracking="tensorboard")
+    tracker = tracker_for(spec, tmp_path)
+    seen_before: list[set[int]] = []
+
+    def on_step(update: StepUpdate) -> None:
+        # what a reader of the event file sees when the next step ends
+        seen_before.append(set(_scalars(tmp_path / "tensorboard").get("time/run_s", {})))
+        tracker(update)
+
+    with tracker:
+        result = Simulation(spec).run(on_step=on_step)
+        tracker.finish(result.metrics)
+    assert seen_before == [set(), {0}, {0, 1}, {0, 1, 2}]  # each step flushed at once
+    tags = _scalars(tmp_path / "tensorboard")
+    steps = result.steps
+    assert set(tags["throughput/samples"]) == {0, 1, 2, 3}
+    for s in steps:
+        k = s["step"]
+        assert tags["throughput/samples"][k] == s["num_samples"]
+        assert tags["time/run_s"][k] == pytest.approx(s["end_s"])
+        assert tags["time/train_s"][k] == pytest.approx(s["busy_s"])
+        window = s["end_s"] - (steps[k - 1]["end_s"] if k else 0.0)
+        assert tags["throughput/samples_per_s"][k] == pytest.approx(s["num_samples"] / window)
+        for name in ("utilization/gen-0", "utilization/gen-1", "utilization/trainer"):
+            assert 0.0 <= tags[name][k] <= 1.0 + 1e-6
+    trained = {}
+    for sample in result.samples:
+        trained.setdefault(sample.train_step, []).append(sample.staleness)
+    for k, stale in trained.items():
+        assert tags["staleness/max"][k] == max(stale)
+        assert tags["staleness/mean"][k] == pytest.approx(sum(stale) / len(stale))
+    assert "summary/throughput_samples_per_s" in tags
+
+
+def test_run_tracking_tensorboard_from_the_cli(tmp_path):
+    out = tmp_path / "run"
+    code = main(["run", "streamrl-7b", "--out", str(out), "--set", "run.iterations=2",
+                 "--set", "algorithm.batch_size=64", "--set", "run.tracking=tensorboard"])  # fmt: skip
+    assert code == 0
+    assert set(_scalars(out / "tensorboard")["time/run_s"]) == {0, 1}
+    log = (out / "run.log").read_text()
+    assert "step 0: 64 samples" in log and "step 1: 64 samples" in log
+
+
+def test_an_unknown_backend_is_a_spec_error_naming_the_key(tmp_path, capsys):
+    assert (
+        main(["run", "streamrl-7b", "--set", "run.tracking=neptune", "--out", str(tmp_path)]) == 2
+    )
+    assert "run.tracking" in capsys.readouterr().out
+
+
+class _FakeWandbRun:
+    def __init__(self, calls: list) -> None:
+        self.calls, self.summary = calls, {}
+
+    def log(self, values, step):
+        self.calls.append(("log", step, dict(values)))
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+def test_wandb_logs_offline_into_the_run_directory(tmp_path, monkeypatch):
+    calls: list = []
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = types.SimpleNamespace()  # what importlib.util.find_spec looks for
+    fake.init = lambda **kw: calls.append(("init", kw)) or _FakeWandbRun(calls)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    spec = small_spec(run__iterations=2, run__tracking="wandb")
+    with tracker_for(spec, tmp_path) as tracker:
+        result = Simulation(spec).run(on_step=tracker)
+        tracker.finish(result.metrics)
+    init = calls[0][1]
+    assert init["mode"] == "offline" and init["dir"] == str(tmp_path)
+    assert init["config"]["run"]["tracking"] == "wandb"
+    logged = [c for c in calls if c[0] == "log"]
+    assert [c[1] for c in logged] == [0, 1] and "throughput/samples_per_s" in logged[0][2]
+    assert calls[-1] == ("finish",)
+
+
+def test_mlflow_logs_to_a_file_store_under_the_run_directory(tmp_path, monkeypatch):
+    log: list = []
+
+    class Client:
+        def __init__(self, tracking_uri):
+            log.append(("uri", tracking_uri))
+
+        def get_experiment_by_name(self, name):
+            return None
+
+        def create_experiment(self, name):
+            return "1"
+
+        def create_run(self, experiment_id, run_name):
+            return types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))
+
+        def log_batch(self, run_id, metrics=(), params=()):
+            log.append(("batch", [m.step for m in metrics], {p.key for p in params}))
+
+        def set_terminated(self, run_id):
+            log.append(("end", run_id))
+
+    entities = types.ModuleType("mlflow.entities")
+    entities.Param = lambda key, value: types.SimpleNamespace(key=key, value=value)
+    entities.Metric = lambda key, value, timestamp, step: types.SimpleNamespace(step=step)
+    tracking = types.ModuleType("mlflow.tracking")
+    tracking.MlflowClient = Client
+    root = types.ModuleType("mlflow")
+    root.__spec__ = types.SimpleNamespace()
+    for name, module in (("mlflow", root), ("mlflow.entities", entities),
+                         ("mlflow.tracking", tracking)):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = small_spec(run__iterations=2, run__tracking="mlflow")
+    with tracker_for(spec, tmp_path) as tracker:
+        Simulation(spec).run(on_step=tracker)
+    assert log[0] == ("uri", (tmp_path / "mlruns").resolve().as_uri())
+    assert "pipeline.mode" in log[1][2]  # the resolved spec as parameters
+    assert [entry[1] for entry in log[2:4]] == [[0] * len(log[2][1]), [1] * len(log[3][1])]
+    assert log[-1] == ("end", "r1")
+
+
+def test_a_missing_optional_backend_is_named_before_the_run(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # find_spec raises / finds nothing
+    with pytest.raises(ValueError, match="mlflow"):
+        tracker_for(small_spec(run__tracking="mlflow"), tmp_path)
+
+
+def test_tensorboard_logger_writes_nothing_until_a_step(tmp_path):
+    TensorBoardLogger(tmp_path / "tb").close()
+    Tracker([TensorBoardLogger(tmp_path / "tb")]).close()
+    assert not (tmp_path / "tb").exists()
+
+
+def test_a_resumed_live_recorder_reports_from_its_checkpoint_on():
+    from runtime.recorder import DataPosition, Recorder
+
+    old = Span("gen-0", SpanKind.DECODE, 30.0, 39.0)
+    recorder = Recorder.resumed(DataPosition(5, 40.0, [], [old], []))
+    record = _sample(7, 5, 41.0, 43.0, 4)
+    recorder.samples[7] = record
+    recorder.trained([7], 5)
+    recorder.sent(0, 41.0)  # gen-0 busy from 41 s on, still at the step's end
+    update = recorder.step_update(StepStats(5, 6, 1, 10, 43.0, 44.0), 44.0, 10)
+    assert update.window_start_s == 40.0 and update.new_spans == ()  # the old span: reported
+    assert update.open_spans == (Span("gen-0", SpanKind.DECODE, 41.0, 44.0),)
+    assert [s.sample_id for s in update.samples] == [7] and update.num_steps == 10
+    report = StepReporter().report(update)
+    assert report.window_s == 4.0 and report.utilization["gen-0"] == 0.75
+    later = recorder.step_update(StepStats(6, 7, 0, 0, 44.0, 45.0), 45.0, 10)
+    assert later.window_start_s is None and later.samples == ()
