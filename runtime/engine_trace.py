@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 2:
         raise SystemExit("usage: python -m runtime.engine_trace REQUEST.json OUT.json")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # a fixed KV reservation (the trace's own cache is num_gpu_blocks_override): without it
+    # vLLM-CPU reserves gpu_memory_utilization (0.92) of the node's memory and refuses to
+    # start when other processes (the live tests' shared server) hold part of it
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     request = json.loads(Path(args[0]).read_text())
     trace = [TraceRequest(**r) for r in request["trace"]]
     steps = record_vllm_schedule(request["model_dir"], request["limits"], trace)
