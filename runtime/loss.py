@@ -35,21 +35,31 @@ def group_advantages(rewards: list[float], group_ids: list[int]) -> list[float]:
 
 def effective_sample_size(weights: torch.Tensor) -> float:
     """ESS = (Σw)² / (N Σw²), in (0, 1]; 1 when all weights are equal."""
-    if weights.numel() == 0:
-        return 1.0
     w = weights.double()
-    return float(w.sum() ** 2 / (w.numel() * (w * w).sum()))
+    return ess_from_sums(w.numel(), float(w.sum()), float((w * w).sum()))
 
 
-def clip_fraction(weights: torch.Tensor, algorithm: str, epsilon: float) -> float | None:
-    """Share of tokens whose importance weight the objective clipped: above ``1 + ε``
+def ess_from_sums(num_weights: int, weight_sum: float, weight_sq_sum: float) -> float:
+    """The ESS of weights given only N, Σw and Σw² (summed over a sharded trainer's ranks)."""
+    if num_weights == 0:
+        return 1.0
+    return weight_sum**2 / (num_weights * weight_sq_sum)
+
+
+def clipped_mask(weights: torch.Tensor, algorithm: str, epsilon: float) -> torch.Tensor:
+    """The tokens whose importance weight the objective clipped: above ``1 + ε``
     (``grpo`` clamps only from above), outside ``[1 − ε, 1 + ε]`` (``ppo``)."""
-    if weights.numel() == 0:
-        return None
     clipped = weights > 1.0 + epsilon
     if algorithm == "ppo":
         clipped |= weights < 1.0 - epsilon
-    return float(clipped.double().mean())
+    return clipped
+
+
+def clip_fraction(weights: torch.Tensor, algorithm: str, epsilon: float) -> float | None:
+    """Share of tokens whose importance weight the objective clipped (:func:`clipped_mask`)."""
+    if weights.numel() == 0:
+        return None
+    return float(clipped_mask(weights, algorithm, epsilon).double().mean())
 
 
 def rl_loss(

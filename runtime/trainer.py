@@ -76,12 +76,12 @@ def _pad(rows: list[list[float]], value: float, dtype: torch.dtype) -> torch.Ten
 def token_logprobs(model, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each output token given its prefix ([batch, max_out]) and the mask."""
     seqs = [list(it.prompt_ids) + list(it.output_ids) for it in items]
-    ids = _pad(seqs, 0, torch.long)
+    device = next(model.parameters()).device  # the model's (a sharded trainer's: this rank's)
+    ids = _pad(seqs, 0, torch.long).to(device)
     logits = model(input_ids=ids).logits.float()
     logp_all = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     width = max(len(it.output_ids) for it in items)
-    out = torch.zeros(len(items), width)
-    mask = torch.zeros(len(items), width)
+    mask = torch.zeros(len(items), width, device=device)
     rows = []
     for i, it in enumerate(items):
         p, n = len(it.prompt_ids), len(it.output_ids)
@@ -99,6 +99,7 @@ class Trainer:
         self.model: Any = None
         self.ref_model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.rank = 0  # among the trainer's processes (runtime.sharded_trainer: 0 .. M - 1)
         self.version = 0  # optimizer steps taken
         self.sender = WeightSender()
         self._acc = _StepAccumulator()
@@ -137,8 +138,8 @@ class Trainer:
         logp, mask = token_logprobs(self.model, items)
         out = rl_loss(
             logp,
-            _pad([list(it.logprobs_old) for it in items], 0.0, torch.float32),
-            torch.tensor([it.advantage for it in items]),
+            _pad([list(it.logprobs_old) for it in items], 0.0, torch.float32).to(logp.device),
+            torch.tensor([it.advantage for it in items], device=logp.device),
             mask,
             self.config.batch_size,
             self.config.algorithm,
