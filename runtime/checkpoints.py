@@ -1,12 +1,15 @@
-"""Where a live run's checkpoints are, and the per-step ones kept beside ``last.pt``.
+"""Where a live run's checkpoints are, and the per-step ones kept beside the last one.
 
 The trainer writes ``RUN_DIR/checkpoints/last.pt`` after every ``live.checkpoint_every``
-steps (atomically: a new file renamed over the old one). So that the policy of an
-earlier step can still be exported, the newest ``live.keep_checkpoints`` of them also
-stay as ``step-<N>.pt`` (``N``: the global optimizer step, as in ``steps.json``, whose
-weights are version ``N + 1``). Each is a hard link to the file just written, so keeping
-one costs no write, only the disk of the checkpoint it keeps alive (a copy where the file
-system has no hard links); older ones are deleted.
+steps (atomically: a new file renamed over the old one); a sharded trainer
+(:mod:`runtime.sharded_trainer`) writes the directory ``last.dcp`` instead (built beside
+it and published with :func:`publish_dir`). So that the policy of an earlier step can
+still be exported, the newest ``live.keep_checkpoints`` of them also stay as
+``step-<N>.pt`` (or ``step-<N>.dcp``; ``N``: the global optimizer step, as in
+``steps.json``, whose weights are version ``N + 1``). Each is a hard link to the file (or
+to every file of the directory) just written, so keeping one costs no write, only the
+disk of the checkpoint it keeps alive (a copy where the file system has no hard links);
+older ones are deleted.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 
 CHECKPOINT_DIR = "checkpoints"
 LAST = "last.pt"
-_STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
+LAST_SHARDED = "last.dcp"
+_STEP_FILE = re.compile(r"^step-(\d+)\.(pt|dcp)$")
 
 
 def last_checkpoint(run_dir: str | Path) -> Path:
@@ -29,28 +33,98 @@ def step_checkpoint(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR / f"step-{step:06d}.pt"
 
 
-def kept_steps(checkpoint_dir: str | Path) -> list[int]:
-    """The global steps with a ``step-<N>.pt`` in ``checkpoint_dir``, ascending."""
+def kept_checkpoints(checkpoint_dir: str | Path) -> dict[int, Path]:
+    """Global step -> its kept ``step-<N>.pt`` or ``step-<N>.dcp``, ascending."""
     folder = Path(checkpoint_dir)
     if not folder.is_dir():
-        return []
-    found = (_STEP_FILE.match(p.name) for p in folder.iterdir())
-    return sorted(int(m.group(1)) for m in found if m)
+        return {}
+    found = ((_STEP_FILE.match(p.name), p) for p in folder.iterdir())
+    return dict(sorted((int(m.group(1)), p) for m, p in found if m))
+
+
+def kept_steps(checkpoint_dir: str | Path) -> list[int]:
+    """The global steps with a ``step-<N>.pt`` (or ``.dcp``) in ``checkpoint_dir``."""
+    return list(kept_checkpoints(checkpoint_dir))
+
+
+def find_last(run_dir: str | Path) -> Path:
+    """The run's last checkpoint: ``last.dcp`` where a sharded trainer wrote one, else
+    ``last.pt`` (which need not exist)."""
+    sharded = Path(run_dir) / CHECKPOINT_DIR / LAST_SHARDED
+    return sharded if readable(sharded) is not None else last_checkpoint(run_dir)
+
+
+def _previous(path: Path) -> Path:
+    return path.with_name(f".{path.name}.old")
+
+
+def readable(path: Path) -> Path | None:
+    """Where the checkpoint ``path`` can be read: itself, or the previous one that
+    :func:`publish_dir` had moved aside when a crash stopped it; None if neither exists."""
+    for candidate in (path, _previous(path)):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def publish_dir(tmp: Path, path: Path) -> None:
+    """Rename the complete directory ``tmp`` to ``path``. The previous ``path`` is moved
+    aside first and deleted only once ``tmp`` is in place, so a crash at any point leaves
+    a readable checkpoint (:func:`readable`)."""
+    old = _previous(path)
+    if path.exists():
+        if old.exists():  # left by an earlier publish that stopped after its rename
+            _remove(old)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    _sync_dir(path.parent)
+    if old.exists():
+        _remove(old)
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _link(source: Path, target: Path) -> None:
+    """Hard-link the file ``source`` (or every file of the directory) as ``target``."""
+    if source.is_dir():
+        try:
+            shutil.copytree(source, target, copy_function=os.link)
+        except (OSError, shutil.Error):  # no hard links here: a copy
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(source, target)
+        return
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def keep_step(last: Path, step: int, keep: int) -> None:
-    """Keep ``last`` (just written for global ``step``) as ``step-<N>.pt`` and delete all
-    but the newest ``keep`` of those. ``keep`` 0 keeps none (only ``last.pt``)."""
+    """Keep ``last`` (just written for global ``step``) as ``step-<N>.pt`` (``.dcp`` for a
+    directory) and delete all but the newest ``keep`` of those. ``keep`` 0 keeps none."""
     folder = last.parent
     if keep > 0:
-        target = folder / f"step-{step:06d}.pt"
+        target = folder / f"step-{step:06d}{last.suffix}"
         tmp = target.with_name(f".{target.name}.tmp")
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(last, tmp)
-        except OSError:  # no hard links here: a copy
-            shutil.copyfile(last, tmp)
-        os.replace(tmp, target)
-    steps = kept_steps(folder)
-    for old in steps[: max(0, len(steps) - keep)]:
-        (folder / f"step-{old:06d}.pt").unlink(missing_ok=True)
+        _remove(tmp)
+        _link(last, tmp)
+        if tmp.is_dir():
+            publish_dir(tmp, target)
+        else:
+            os.replace(tmp, target)
+    kept = kept_checkpoints(folder)
+    for old in list(kept)[: max(0, len(kept) - keep)]:
+        _remove(kept[old])

@@ -1,11 +1,22 @@
-"""Per-step checkpoints kept beside ``last.pt``: bounded, and unchanged by later writes."""
+"""Per-step checkpoints kept beside ``last.pt`` (or ``last.dcp``): bounded, unchanged by
+later writes; a directory is published so that a crash leaves the last good one."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
 from policies.results import write_atomic
-from runtime.checkpoints import keep_step, kept_steps, last_checkpoint, step_checkpoint
+from runtime.checkpoints import (
+    keep_step,
+    kept_checkpoints,
+    kept_steps,
+    last_checkpoint,
+    publish_dir,
+    readable,
+    step_checkpoint,
+)
 
 
 def _write_steps(run_dir, steps: range, keep: int) -> None:
@@ -40,3 +51,42 @@ def test_export_names_what_is_missing(tmp_path):
     (tmp_path / "out" / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="--out .* not an empty directory"):
         export_policy(tmp_path, tmp_path / "out")
+
+
+def _write_dir(folder, text: str) -> None:
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_text(text)
+    (folder / ".metadata").write_text(text)
+
+
+def test_a_kept_directory_is_hard_linked_and_survives_the_next_publish(tmp_path):
+    last = tmp_path / "checkpoints" / "last.dcp"
+    for step in range(3):
+        tmp = last.with_name(".last.dcp.tmp")
+        _write_dir(tmp, f"shards of step {step}")
+        publish_dir(tmp, last)
+        keep_step(last, step, keep=2)
+    assert kept_steps(last.parent) == [1, 2]
+    step1 = kept_checkpoints(last.parent)[1]
+    assert step1.name == "step-000001.dcp"
+    assert (step1 / "__0_0.distcp").read_text() == "shards of step 1"
+    step2 = last.parent / "step-000002.dcp" / "__0_0.distcp"
+    assert step2.stat().st_ino == (last / "__0_0.distcp").stat().st_ino
+    assert sorted(p.name for p in last.parent.iterdir()) == [
+        "last.dcp", "step-000001.dcp", "step-000002.dcp",
+    ]  # fmt: skip
+
+
+def test_a_publish_stopped_between_its_renames_leaves_the_previous_checkpoint(tmp_path):
+    last = tmp_path / "last.dcp"
+    _write_dir(last.with_name(".last.dcp.old"), "previous")  # moved aside, then a crash
+    _write_dir(last.with_name(".last.dcp.tmp"), "half")
+    assert readable(last) == last.with_name(".last.dcp.old")
+    tmp = last.with_name(".last.dcp.tmp")
+    shutil.rmtree(tmp)  # as the next save starts
+    _write_dir(tmp, "next")
+    publish_dir(tmp, last)
+    assert readable(last) == last
+    assert (last / ".metadata").read_text() == "next"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.dcp"]
+    assert readable(tmp_path / "missing.dcp") is None
