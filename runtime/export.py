@@ -1,7 +1,8 @@
 """``tandem export``: the trained policy of a live run as a Hugging Face model directory.
 
 The trainer's checkpoints (``runtime.checkpoints``) hold its weights in checkpoint layout
-(the Hugging Face names of the model it loaded). Export puts them back into the run's
+(the Hugging Face names of the model it loaded): a ``.pt`` file, or the directory of a
+sharded trainer (``last.dcp``: its shards are gathered here, in one process). Export puts them back into the run's
 base model (``model.path``, or the embedded tiny model) and writes what ``transformers``
 (``AutoModelForCausalLM.from_pretrained``), ``tandem serve`` and a stock vLLM load:
 ``config.json`` and ``model.safetensors`` (``save_pretrained``, safetensors), the base
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.spec import load_spec
-from runtime.checkpoints import CHECKPOINT_DIR, kept_steps, last_checkpoint, step_checkpoint
+from runtime.checkpoints import CHECKPOINT_DIR, find_last, kept_checkpoints, readable
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +44,33 @@ class ExportInfo:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    """``version`` and ``model`` (the full state dict) of a ``.pt`` or sharded checkpoint."""
     import torch
 
+    if path.suffix == ".dcp":  # a sharded trainer's directory
+        from runtime.sharded_checkpoint import load_full_checkpoint
+
+        return load_full_checkpoint(path)
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def find_checkpoint(run_dir: Path, step: int | None) -> tuple[Path, dict[str, Any]]:
     """The checkpoint of global ``step`` (None: the last one) and its contents."""
-    last = last_checkpoint(run_dir)
-    kept = kept_steps(run_dir / CHECKPOINT_DIR)
+    last = find_last(run_dir)
+    kept = kept_checkpoints(run_dir / CHECKPOINT_DIR)
     if step is not None and step in kept:
-        path = step_checkpoint(run_dir, step)
-        return path, _load(path)
-    if not last.exists():
+        return kept[step], _load(kept[step])
+    if readable(last) is None:
         raise ValueError(
-            f"{run_dir}: no {CHECKPOINT_DIR}/last.pt (export takes a live run's directory; "
-            "checkpoints come every live.checkpoint_every steps)"
+            f"{run_dir}: no {CHECKPOINT_DIR}/last.pt or last.dcp (export takes a live run's "
+            "directory; checkpoints come every live.checkpoint_every steps)"
         )
     state = _load(last)
     if step is None or state["version"] == step + 1:
         return last, state
     raise ValueError(
         f"--step {step}: not kept in {run_dir / CHECKPOINT_DIR} (kept steps: "
-        f"{', '.join(map(str, kept)) or 'none'}; last.pt is step {state['version'] - 1}; "
+        f"{', '.join(map(str, kept)) or 'none'}; {last.name} is step {state['version'] - 1}; "
         "live.keep_checkpoints sets how many are kept)"
     )
 

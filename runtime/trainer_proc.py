@@ -8,6 +8,13 @@ thread broadcasts). An update states each bucket's sizes and content hash, which
 servers check before loading. A push that fails on some servers reports which
 (:attr:`PushResult.failures`) and leaves the group, so that the caller can re-create it
 with the servers still alive and push again. The child dies with its parent.
+
+:class:`TrainerWorker` also holds a :class:`runtime.sharded_trainer.ShardedTrainer` (one
+worker per rank, e.g. one Ray actor each). Then ``initialise``, ``train``, ``step``,
+``checkpoint``, ``checksums`` and :meth:`TrainerWorker.gather_weights` are collectives that
+the caller runs on every rank at once; ``join_group`` and ``push_weights`` run on rank 0
+only. A push on M ranks is: ``gather_weights()`` on every rank (the full tensors land on
+rank 0), then ``push_weights(version)`` on rank 0, which sends what it gathered.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 import httpx
 
 from policies.records import StepStats
-from runtime.checkpoints import keep_step
+from runtime.checkpoints import keep_step, readable
 from runtime.errors import ProcessDied, describe_exit
 from runtime.procs import die_with_parent
 from runtime.recorder import DataPosition
@@ -102,16 +109,18 @@ def _join(threads: list[threading.Thread], out: list, route: str) -> list[dict]:
 class TrainerWorker:
     """What runs in the child: the trainer plus the weight-group calls to the servers."""
 
-    def __init__(self, config: TrainerConfig) -> None:
-        self.trainer = Trainer(config)
+    def __init__(self, config: TrainerConfig, trainer: Trainer | None = None) -> None:
+        """``trainer``: one already built (a ``ShardedTrainer`` rank); else a ``Trainer``."""
+        self.trainer = trainer if trainer is not None else Trainer(config)
         self.servers: list[ServerAddr] = []
+        self._gathered: list[tuple[str, Any]] | None = None  # by gather_weights, for a push
         # one pooled client for every control call: a new httpx client costs tens of ms
         # (it builds a TLS context), which would sit on every push's critical path
         self.http = httpx.Client()
 
     def initialise(self, checkpoint: str | None) -> Any:
         self.trainer.initialise()
-        if checkpoint and Path(checkpoint).exists():
+        if checkpoint and readable(Path(checkpoint)) is not None:
             return self.trainer.load_checkpoint(Path(checkpoint))
         return None
 
@@ -131,10 +140,19 @@ class TrainerWorker:
         finally:
             _join(threads, out, "/init_process_group")
 
+    def gather_weights(self) -> int:
+        """Collective on a sharded trainer: gather the full weights onto rank 0 for the
+        next :meth:`push_weights`; how many tensors this rank holds (0 but on rank 0)."""
+        self._gathered = self.trainer.named_weights()
+        return len(self._gathered)
+
     def push_weights(self, version: int) -> PushResult:
         """Send the weights to every server of the group; a server that fails is named in
-        ``failures`` (and the group is left: re-create it before the next push)."""
-        named = self.trainer.named_weights()
+        ``failures`` (and the group is left: re-create it before the next push). Uses
+        what :meth:`gather_weights` gathered, if it was called since the last push."""
+        named, self._gathered = self._gathered, None
+        if named is None:
+            named = self.trainer.named_weights()
         flats = self.trainer.sender.pack(named)  # before any server pauses
         digests = [asdict(d) for d in self.trainer.sender.digests(named, flats)]
         body = {"version": version, "params": self.trainer.weights_meta(), "buckets": digests,
@@ -163,12 +181,16 @@ class TrainerWorker:
         return self.trainer.step(step, now_s)
 
     def checkpoint(self, path: str, data: dict[str, Any]) -> None:
-        """Write ``path`` (last.pt) and keep it as the checkpoint of its step."""
+        """Write ``path`` (last.pt, or the directory last.dcp of a sharded trainer) and
+        keep it as the checkpoint of its step (rank 0 does)."""
         self.trainer.save_checkpoint(Path(path), data)
-        step = data["next_step"] - 1
-        keep_step(Path(path), step, self.trainer.config.keep_checkpoints)
+        if self.trainer.rank == 0:
+            step = data["next_step"] - 1
+            keep_step(Path(path), step, self.trainer.config.keep_checkpoints)
 
     def checksums(self) -> dict[str, tuple[float, float]]:
+        """Per-tensor checksums of the weights (a sharded trainer: collective; rank 0's
+        answer is the full one, the others' empty)."""
         from runtime.weight_sync import tensor_checksum
 
         return {n: tensor_checksum(t) for n, t in self.trainer.named_weights()}
