@@ -142,7 +142,8 @@ def live_check(
 
 def _run_all(base, chosen, repeats, out, cost_dir, check, console) -> None:  # noqa: ANN001
     from experiments.fidelity import simulate_twin
-    from runtime.launcher import model_dir_for, run_live
+    from runtime.launcher import run_live
+    from runtime.live_run import model_dir_for
     from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
     from runtime.profile_bursts import warm_up_server
 

@@ -49,7 +49,8 @@ from policies.results import RunResult
 from policies.spec import RunSpec, load_spec, override_spec
 from policies.tracking import StepUpdate
 from runtime.gen_client import GenerationClient
-from runtime.launcher import model_dir_for, run_live
+from runtime.launcher import run_live
+from runtime.live_run import model_dir_for
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.server import SERVED_MODEL_NAME
 from runtime.tasks import TaskPromptSource, TaskSet

@@ -90,6 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from experiments.tracking import tracker_for
 
     spec = _load(args)
+    if args.ray is not None and not args.live:
+        raise SpecError("--ray places a live run: add --live")
     out = _out_dir(args, spec)
     tracker = tracker_for(spec, out)  # a missing tracking package stops the run here
     label = f"{spec.run.name} · {spec.pipeline.mode}"
@@ -100,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ):
         log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
         on_step = chain(tracker, bar.on_step)
-        result = _execute(spec, out, args.live, on_step, args.force_new_spec)
+        result = _execute(spec, out, args.live, on_step, args.force_new_spec, args.ray)
         tracker.finish(result.metrics)
         if not args.live:  # run_live saved its result (a resumed run keeps its spec.yaml)
             result.save(out)
@@ -110,15 +112,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _execute(
-    spec: RunSpec, out: Path, live: bool, on_step: Callable, force_new_spec: bool = False
-) -> RunResult:
+    spec: RunSpec, out: Path, live: bool, on_step: Callable, force_new_spec: bool = False,
+    ray_address: str | None = None,
+) -> RunResult:  # fmt: skip
     from experiments.predictors import ranker_for
 
     if live:
         from runtime.launcher import run_live
 
         predictor = ranker_for(spec, live=True)
-        return run_live(spec, out, predictor, force_new_spec=force_new_spec, on_step=on_step)
+        return run_live(
+            spec, out, predictor, force_new_spec=force_new_spec, on_step=on_step,
+            ray_address=ray_address,
+        )  # fmt: skip
     from sim.simulator import Simulation
 
     return Simulation(spec, ranker=ranker_for(spec)).run(on_step=on_step)
@@ -221,6 +227,14 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
     _with_spec(run, DEFAULT_SPEC)
     run.add_argument("--out", help="result directory (default: runs/NAME-MODE-TIME)")
     run.add_argument("--live", action="store_true", help="real vLLM servers and torch trainer")
+    run.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="with --live: place the cluster section on a Ray cluster (ADDRESS host:port or "
+        "auto; without it, a local Ray on 127.0.0.1): servers and FSDP2 trainer ranks as actors",
+    )
     run.add_argument(
         "--force-new-spec",
         action="store_true",

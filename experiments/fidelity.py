@@ -177,7 +177,7 @@ def run_fidelity(
     ``on_step`` hears of every step of every live run (progress)."""
     import secrets
 
-    from runtime.launcher import model_dir_for
+    from runtime.live_run import model_dir_for
     from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
     from runtime.profile_bursts import warm_up_server
 

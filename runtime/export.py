@@ -113,7 +113,7 @@ def export_policy(
 ) -> ExportInfo:
     """Write the policy of ``run_dir`` after global ``step`` (None: its last checkpoint) as
     a Hugging Face model directory ``out_dir`` (which must not exist, or be empty)."""
-    from runtime.launcher import model_dir_for
+    from runtime.live_run import model_dir_for
 
     run, out = Path(run_dir), Path(out_dir)
     if dtype not in DTYPES:

@@ -48,7 +48,7 @@ from pathlib import Path
 import httpx
 
 from policies.spec import RunSpec
-from runtime.launcher import model_dir_for, trainer_config
+from runtime.live_run import model_dir_for, trainer_config
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.profile_bursts import (
     ACTOR_ROUTE,

@@ -1,7 +1,7 @@
 """A live run's directory: its original spec, the resume check, fault and process records.
 
 A live run writes ``spec.yaml`` when it starts and never rewrites it. A directory that
-holds a checkpoint (``checkpoints/last.pt``) is resumed, and only with a spec that trains
+holds a checkpoint (``checkpoints/last.pt``, or ``last.dcp`` of a run on Ray) is resumed, and only with a spec that trains
 the same thing: :func:`training_changes` compares every key but the operational ones
 (:data:`OPERATIONAL_KEYS`: where servers run, tokens, threads, ...), and a change is
 refused naming its keys unless ``force_new_spec``, which goes on and keeps the new spec
@@ -17,6 +17,7 @@ from typing import Any
 
 from policies.results import write_atomic
 from policies.spec import RunSpec, SpecError, load_spec
+from runtime.checkpoints import CHECKPOINT_DIR, LAST, LAST_SHARDED, readable
 
 # keys a resumed run may change: they decide where and how the run's processes run, not
 # what is trained (prefixes end in ".")
@@ -54,22 +55,30 @@ def training_changes(original: RunSpec, new: RunSpec) -> list[str]:
 @dataclass(slots=True, frozen=True)
 class RunDir:
     path: Path
+    ray_address: str | None = None  # a run on Ray: its sharded trainer writes last.dcp
 
     @property
     def checkpoint(self) -> Path:
-        return self.path / "checkpoints" / "last.pt"
+        """The last checkpoint: ``last.pt`` of the one trainer process, or the directory
+        ``last.dcp`` of the sharded trainer on Ray."""
+        name = LAST if self.ray_address is None else LAST_SHARDED
+        return self.path / CHECKPOINT_DIR / name
 
     @property
     def spec_path(self) -> Path:
         return self.path / "spec.yaml"
 
     def resume_command(self) -> str:
-        return f"tandem run {self.spec_path} --live --out {self.path}"
+        ray = "" if self.ray_address is None else " --ray"
+        if self.ray_address not in (None, "local"):
+            ray += f" {self.ray_address}"
+        return f"tandem run {self.spec_path} --live{ray} --out {self.path}"
 
     def prepare(self, spec: RunSpec, force_new_spec: bool = False) -> None:
         """A fresh run writes its spec; a resumed one checks the spec against it."""
         self.path.mkdir(parents=True, exist_ok=True)
-        if not self.checkpoint.exists():
+        self._check_trainer_kind()
+        if readable(self.checkpoint) is None:
             write_atomic(self.spec_path, spec.to_yaml().encode())
             return
         if not self.spec_path.exists():
@@ -90,6 +99,16 @@ class RunDir:
         if changes:
             self._keep_new(spec)
 
+    def _check_trainer_kind(self) -> None:
+        """A run checkpointed by one trainer process resumes locally, a sharded one on Ray."""
+        other = RunDir(self.path, None if self.ray_address is not None else "local")
+        if readable(other.checkpoint) is not None and readable(self.checkpoint) is None:
+            where = "without --ray" if self.ray_address is not None else "with --ray"
+            raise SpecError(
+                f"{self.path} was checkpointed by a {'sharded' if other.ray_address else 'single'}"
+                f" trainer ({other.checkpoint.name}); resume it {where}"
+            )
+
     def _keep_new(self, spec: RunSpec) -> None:
         n = 1
         while (self.path / f"spec.resumed-{n}.yaml").exists():
@@ -99,6 +118,10 @@ class RunDir:
     def record_processes(self, processes: dict[str, int | None]) -> None:
         """``logs/processes.json``: the pid of each process the run started."""
         write_atomic(self.path / "logs" / "processes.json", json.dumps(processes).encode())
+
+    def record_placement(self, placed: dict[str, dict[str, Any]]) -> None:
+        """``logs/placement.json`` of a run on Ray: each process's pid and Ray node."""
+        write_atomic(self.path / "logs" / "placement.json", json.dumps(placed).encode())
 
     def faults(self) -> list[dict]:
         """Every fault of the run, all its parts (resumed ones too)."""

@@ -152,15 +152,17 @@ class ServerFaults:
         actor = self.actor
         assert self.servers is not None
         try:
-            process = await self.servers.restart(instance_id)
+            slot = await self.servers.restart(instance_id)
         except Exception as err:  # noqa: BLE001 - the run goes on without it
             detail = " ".join(str(err).split())[:500]
             actor.recorder.fault(Fault(actor.now(), instance_id, "restart-failed", detail))
             return
         old = actor.clients[instance_id]
-        actor.clients[instance_id] = old.reconnected(process.base_url)
+        actor.clients[instance_id] = old.reconnected(slot.base_url)
         await old.aclose()
-        detail = f"pid {process.proc.pid}, healthy; joins the weight group at the next push"
+        detail = (
+            f"{self.servers.describe(instance_id)} healthy; joins the weight group at the next push"
+        )
         actor.recorder.fault(Fault(actor.now(), instance_id, "restarted", detail))
         if self._state[instance_id] == State.LOST:
             self._state[instance_id] = State.REJOINING

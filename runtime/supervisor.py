@@ -97,7 +97,7 @@ class Servers:
         for i in self.slots:
             self.stop(i)
 
-    async def restart(self, instance_id: int) -> ServerProcess:
+    async def restart(self, instance_id: int) -> ServerSlot:
         """Start server ``instance_id`` again on its port; returns once it is healthy.
 
         The process starts from the event loop's thread (the run's main thread): its
@@ -105,6 +105,7 @@ class Servers:
         assert self._start is not None, "restarts need servers this run started"
         self.stop(instance_id)
         process = self._start(instance_id)
-        self.slots[instance_id] = ServerSlot(instance_id, process.base_url, process)
+        slot = ServerSlot(instance_id, process.base_url, process)
+        self.slots[instance_id] = slot
         await asyncio.to_thread(wait_healthy, process, self.startup_timeout_s)
-        return process
+        return slot

@@ -28,7 +28,7 @@ import threading
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -218,6 +218,23 @@ def _serve_calls(
             conn.send((True, getattr(worker, name)(*args)))
         except Exception as err:
             conn.send((False, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+class TrainerClient(Protocol):
+    """What the actor loop calls on the trainer, wherever it runs: one process
+    (:class:`TrainerProcess`) or M ranks on Ray (``runtime.ray_handles.RayTrainerGroup``)."""
+
+    @property
+    def pid(self) -> int | None: ...
+    async def initialise(self, checkpoint: str | None) -> DataPosition | None: ...
+    async def join_group(
+        self, servers: list[ServerAddr], host: str, port: int, backend: str
+    ) -> None: ...
+    async def push_weights(self, version: int) -> PushResult: ...
+    async def train(self, items: list[TrainItem], now_s: float) -> float: ...
+    async def step(self, step: int, now_s: float) -> StepStats: ...
+    async def checkpoint(self, path: str, position: DataPosition) -> None: ...
+    async def checksums(self) -> dict[str, tuple[float, float]]: ...
 
 
 class TrainerProcess:

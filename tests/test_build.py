@@ -109,7 +109,7 @@ def test_the_simulator_builds_its_policies_through_the_builder(monkeypatch):
 
 
 def test_the_live_launcher_builds_its_policies_through_the_builder():
-    from runtime.launcher import live_kv_capacity_tokens, live_policies
+    from runtime.live_run import live_kv_capacity_tokens, live_policies
     from runtime.tasks import TaskPromptSource, TaskSet
 
     spec = small_spec(

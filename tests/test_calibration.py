@@ -165,7 +165,7 @@ def test_live_dispatch_prices_with_the_calibrated_model_when_one_is_configured(t
     from policies.calibrated import CalibratedCosts
     from policies.dispatch import SkewnessAwareDispatch
     from runtime.cost import TinyCostModel
-    from runtime.launcher import live_policies
+    from runtime.live_run import live_policies
     from runtime.tasks import TaskPromptSource, TaskSet
 
     tasks = TaskSet(0, 64, 64)

@@ -1,6 +1,6 @@
 """Resuming a live run: the prompt source hands out every untrained sample exactly once."""
 
-from runtime.launcher import ResumablePrompts
+from runtime.live_run import ResumablePrompts
 from runtime.tasks import TaskPromptSource, TaskSet
 
 BATCH, GROUP = 8, 4

@@ -21,7 +21,7 @@ from policies.spec import load_spec
 from runtime.actor import Actor
 from runtime.errors import LiveRunError
 from runtime.gen_client import Generated
-from runtime.launcher import _make_actor
+from runtime.live_run import make_actor
 from runtime.recorder import Recorder
 from runtime.server_faults import ServersLost
 from runtime.supervisor import Servers, ServerSlot
@@ -140,7 +140,7 @@ def _actor(mode: str, num_servers: int, break_after: int, restart: bool, iterati
     clients[num_servers - 1].break_after = break_after
     trainer = FakeTrainer(world)
     recorder = Recorder()
-    actor: Actor = _make_actor(spec, clients, trainer, recorder, set(), 0, None, None, None)
+    actor: Actor = make_actor(spec, clients, trainer, recorder, set(), 0, None, None, None)
     actor.faults.servers = FakeServers(world, restart)
     return actor, world, trainer, recorder
 

@@ -1,0 +1,220 @@
+"""One live run, whatever started its processes: the actor loop over a trainer and servers.
+
+:func:`drive` is what both launchers run once their processes are up — the local one
+(:mod:`runtime.launcher`: processes on this machine) and the Ray one
+(:mod:`runtime.ray_launcher`: Ray actors across nodes): it loads the trainer (and its
+checkpoint), joins the weight group, loads the trainer's weights on every server, drives
+the spec's pipeline-mode controller with the :class:`runtime.actor.Actor`, and saves the
+:class:`RunResult`. A run directory holding a checkpoint resumes after its last
+checkpointed step: trained samples come from the checkpoint, every other sample is
+generated again with its own sample id (:class:`ResumablePrompts`), so none is lost or
+trained twice in any mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from policies.build import ExecutorInputs, RunPolicies, build_policies, instance_views, mode_of
+from policies.modes.base import PromptSource
+from policies.protocols import LengthPredictor, OnlineLengthPredictor
+from policies.records import Request
+from policies.resources import generation_resource
+from policies.results import RunResult, compute_metrics
+from policies.rng import RngStreams
+from policies.spec import RunSpec
+from policies.tracking import StepUpdate
+from runtime.actor import Actor, ActorConfig
+from runtime.cost import live_cost_model
+from runtime.gen_client import GenerationClient
+from runtime.procs import free_port
+from runtime.recorder import Recorder
+from runtime.run_dir import RunDir
+from runtime.supervisor import Servers
+from runtime.tasks import TaskPromptSource, TaskSet
+from runtime.trainer import TrainerConfig
+from runtime.trainer_proc import TrainerClient
+
+log = logging.getLogger(__name__)
+
+AfterStep = Callable[[int], Awaitable[None]]
+OnStep = Callable[[StepUpdate], None]
+
+
+class ResumablePrompts:
+    """The controller's prompt source, resumable after any checkpointed step.
+
+    Visits the iterations of ``source`` in order, skips the samples already trained
+    (``trained_ids``, from the checkpoint) and hands out the rest ``batch_size`` at a
+    time; local batch ``i`` is relabelled iteration ``i`` (a resumed controller counts
+    from 0) and ``iteration_of`` keeps each sample's own iteration for the records. A
+    fresh run (nothing trained) gets exactly ``source``'s batches. Trained samples are
+    whole groups (every mode trains a group in one step), so batches stay group-aligned;
+    in ``pipeline`` mode, groups of earlier iterations that were generated but not yet
+    trained when the run stopped come first, then the later ones.
+    """
+
+    def __init__(self, source: TaskPromptSource, trained_ids: set[int]) -> None:
+        self.source = source
+        self.trained_ids = trained_ids
+        self.iteration_of: dict[int, int] = {}  # sample id -> its global iteration
+        self._next_global = 0
+        self._queue: deque[Request] = deque()
+
+    def batch(self, iteration: int) -> list[Request]:
+        while len(self._queue) < self.source.batch_size:
+            fresh = self.source.batch(self._next_global)
+            self._queue.extend(r for r in fresh if r.sample_id not in self.trained_ids)
+            self._next_global += 1
+        out = []
+        for _ in range(self.source.batch_size):
+            r = self._queue.popleft()
+            self.iteration_of[r.sample_id] = r.iteration
+            out.append(dataclasses.replace(r, iteration=iteration))
+        return out
+
+
+def model_dir_for(spec: RunSpec) -> str:
+    if spec.model.path:
+        return spec.model.path
+    from runtime.model import ensure_tiny_model
+
+    return str(ensure_tiny_model(spec.run.seed))
+
+
+def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
+    """The trainer's settings from a spec (shared with the profiler)."""
+    a = spec.algorithm
+    return TrainerConfig(
+        model_dir=model_dir, batch_size=a.batch_size, algorithm=a.name,
+        learning_rate=a.learning_rate, clip_epsilon=a.clip_epsilon, kl_coef=a.kl_coef,
+        seed=spec.run.seed, num_threads=spec.live.trainer_threads,
+        micro_batch_samples=spec.live.micro_batch_samples,
+        keep_checkpoints=spec.live.keep_checkpoints,
+    )  # fmt: skip
+
+
+async def drive(
+    spec: RunSpec, run_dir: RunDir, trainer: TrainerClient, servers: Servers,
+    length_predictor, after_step: AfterStep | None, on_step,
+) -> RunResult:  # fmt: skip
+    ckpt = run_dir.checkpoint
+    log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
+    position = await trainer.initialise(str(ckpt))
+    recorder, trained_ids = Recorder(), set()
+    offset, time_offset_s = 0, 0.0
+    if position is not None:
+        log.info("resuming after step %d (%s)", position.next_step - 1, ckpt)
+        trained_ids = {s.sample_id for s in position.samples}
+        offset, time_offset_s = position.next_step, position.time_s
+        recorder = Recorder.resumed(position)
+    recorder.on_fault = run_dir.append_fault  # faults.json is current during the run
+    ids = sorted(servers.slots)
+    backend = "nccl" if spec.live.device == "cuda" else "gloo"
+    host = spec.live.host
+    log.info("joining the weight group (%s) with %d server(s)", backend, len(ids))
+    await trainer.join_group([servers.addr(i) for i in ids], host, free_port(host), backend)
+    clients = {
+        i: GenerationClient(i, servers.slots[i].base_url, spec.live.temperature, spec.live.api_key)
+        for i in ids
+    }
+    try:
+        end_s = time_offset_s
+        if spec.run.iterations - offset > 0:
+            actor = make_actor(
+                spec, clients, trainer, recorder, trained_ids, offset, str(ckpt), length_predictor,
+                on_step,
+            )  # fmt: skip
+            actor.faults.servers, actor.after_step = servers, after_step
+            actor.start_clock(time_offset_s)
+            log.info("loading the trainer's weights on the servers")
+            await actor.push_now(offset)  # the servers serve the trainer's weights
+            log.info(
+                "running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode
+            )
+            end_s = await actor.run()
+    finally:
+        for c in clients.values():
+            await c.aclose()
+    result = _result(spec, recorder, end_s, len(ids))
+    lost = [f for f in run_dir.faults() if f["event"] == "lost"]
+    result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
+    result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
+    log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
+    return result
+
+
+def make_actor(
+    spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str, length_predictor,
+    on_step,
+) -> Actor:  # fmt: skip
+    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+    source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
+    prompts = ResumablePrompts(source, trained_ids)
+    recorder.iteration_of = prompts.iteration_of
+    local = spec.model_copy(deep=True)
+    local.run.iterations = spec.run.iterations - offset
+    policies = live_policies(local, tasks, prompts, len(clients), length_predictor)
+    config = ActorConfig(
+        group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
+        checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
+        weight_host=spec.live.host,
+        weight_backend="nccl" if spec.live.device == "cuda" else "gloo",
+        num_steps=spec.run.iterations,
+    )  # fmt: skip
+    predictor = policies.predictor
+    learn = predictor.update if isinstance(predictor, OnlineLengthPredictor) else None
+    return Actor(
+        config, policies.controller, clients, trainer, tasks, policies.scheduling.priority,
+        recorder, learn, on_step=on_step,
+    )  # fmt: skip
+
+
+def live_policies(
+    spec: RunSpec,
+    tasks: TaskSet,
+    prompts: PromptSource,
+    num_instances: int,
+    ranker: LengthPredictor | None = None,
+) -> RunPolicies:
+    """The policies of a live run on ``num_instances`` servers (through the one builder):
+    the truth is each task's reference answer length; no instance is ever added live."""
+    inputs = ExecutorInputs(
+        cost_model=live_cost_model(spec),
+        prompts=prompts,
+        rngs=RngStreams(spec.run.seed),
+        micro_batch_samples=spec.live.micro_batch_samples,
+        truth=lambda r: tasks[r.prompt_id].expected_output_tokens,
+        calibration_lengths=[p.expected_output_tokens for p in tasks.prompts],
+        ranker=ranker,
+    )
+    views = instance_views(spec, lambda device: live_kv_capacity_tokens(spec), num_instances)
+    return build_policies(spec, inputs, views)
+
+
+def live_kv_capacity_tokens(spec: RunSpec) -> int:
+    """KV-cache tokens one server may hold: every sequence at ``live.max_model_len``."""
+    return spec.cluster.generation[0].max_num_seqs * spec.live.max_model_len
+
+
+def _result(spec: RunSpec, recorder: Recorder, end_s: float, num_instances: int) -> RunResult:
+    samples = sorted(recorder.samples.values(), key=lambda s: s.sample_id)
+    spans = sorted(recorder.spans, key=lambda s: (s.start_s, s.resource))
+    metrics = compute_metrics(
+        samples, spans, end_s, {generation_resource(i): 0.0 for i in range(num_instances)},
+        mode_of(spec).colocated, spec.run.iterations, None,
+    )  # fmt: skip
+    metrics["live_wall_s"] = end_s
+    rewards = [s["mean_reward"] for s in recorder.steps if s.get("mean_reward") is not None]
+    metrics["mean_reward_first_fifth"], metrics["mean_reward_last_fifth"] = _fifths(rewards)
+    return RunResult(spec, metrics, samples, spans, steps=list(recorder.steps))
+
+
+def _fifths(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    k = max(1, len(values) // 5)
+    return sum(values[:k]) / k, sum(values[-k:]) / k

@@ -1,0 +1,178 @@
+"""A live run on a Ray cluster: the spec's ``cluster`` section as Ray placement.
+
+``tandem run SPEC --live --ray [ADDRESS]``: connects to the cluster at ADDRESS (``auto``:
+the one ``ray start`` made on this machine), or starts a local one (``local``) bound to
+127.0.0.1 and stops it at the end. Every generation instance of ``cluster.generation``
+becomes a :class:`runtime.ray_actors.ServerActor` on its pool's placement group, the
+trainer pool's ``num_gpus`` become FSDP2 ranks (:class:`runtime.ray_actors.TrainerRank`)
+on theirs (:mod:`runtime.ray_placement`). Then :func:`runtime.live_run.drive` runs the
+same actor loop, controller and policies as a local run. Ray starts, watches and stops
+every process: a server whose actor or process dies is a lost instance (the run goes on
+while another serves; ``live.restart_servers`` starts a new actor), a trainer rank that
+dies stops the run with one line naming it, and on any exit — the end, Ctrl-C, a
+failure — every actor and placement group of the run is removed.
+
+Checkpoints are sharded (``checkpoints/last.dcp``) and must be on a file system every
+trainer rank can write (one machine, or a shared mount); so must the run directory's
+``logs/`` for the servers' logs. The package must be installed on every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+from policies.protocols import LengthPredictor
+from policies.results import RunResult
+from policies.spec import RunSpec
+from runtime.errors import LiveRunError
+from runtime.live_run import AfterStep, OnStep, drive, model_dir_for, trainer_config
+from runtime.ray_actors import ServerActor, ServerSettings, TrainerRank
+from runtime.ray_handles import RayServers, RayTrainerGroup
+from runtime.ray_placement import RayPlan, check_plan, label_datacenters, plan
+from runtime.run_dir import RunDir
+from runtime.server_faults import ServersLost
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_TIMEOUT_S = 120.0  # a placement group not placed by then cannot be (resources)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@contextlib.contextmanager
+def connected(address: str) -> Iterator[Any]:
+    """The ``ray`` module connected to ``address`` (``local``: a new instance on this
+    machine, every port on 127.0.0.1); disconnects (and stops a local one) at the end."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    if host in (*LOOPBACK, "local"):
+        # ray resolves a loopback address to the machine's outward address unless told
+        # that this is not a multi-machine cluster; read when ray is first imported
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        import ray
+    except ImportError:
+        raise LiveRunError("--ray needs Ray: pip install 'tandem-rl[ray]'") from None
+    owned = not ray.is_initialized()
+    if owned and address == "local":
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    elif owned:
+        ray.init(address=address, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def run_on_ray(
+    spec: RunSpec, run_dir: RunDir, address: str, length_predictor: LengthPredictor | None,
+    after_step: AfterStep | None, on_step: OnStep | None,
+) -> RunResult:  # fmt: skip
+    """Place, start, run and remove the run's actors on the cluster at ``address``."""
+    layout = plan(spec, gpu=spec.live.device == "cuda")
+    check_plan(spec, layout)
+    with connected(address) as ray:
+        label = label_datacenters(layout, ray.cluster_resources())
+        groups: list[Any] = []
+        servers: RayServers | None = None
+        trainer: RayTrainerGroup | None = None
+        try:
+            groups = _placement_groups(ray, layout, label)
+            servers, trainer = _make(ray, spec, run_dir, layout, groups, label)
+            run = _start_and_drive(spec, run_dir, servers, trainer, length_predictor, after_step, on_step)  # fmt: skip
+            return asyncio.run(run)
+        except ServersLost as err:
+            raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
+        finally:
+            if servers is not None:
+                servers.stop_all()
+            if trainer is not None:
+                trainer.stop()
+            for group in groups:
+                with contextlib.suppress(Exception):
+                    ray.util.remove_placement_group(group)
+
+
+async def _start_and_drive(spec, run_dir, servers, trainer, length_predictor, after_step, on_step):
+    log.info("starting %d server actor(s) and %d trainer rank(s)", len(servers.planned),
+             len(trainer.ranks))  # fmt: skip
+    await asyncio.gather(trainer.start(), *(servers.add(i) for i in servers.planned))
+    placed = {**trainer.placements(), **servers.placements()}
+    run_dir.record_processes({name: p.pid for name, p in placed.items()})
+    run_dir.record_placement({name: dataclasses.asdict(p) for name, p in placed.items()})
+    return await drive(spec, run_dir, trainer, servers, length_predictor, after_step, on_step)
+
+
+def _placement_groups(ray: Any, layout: RayPlan, label: bool) -> list[Any]:
+    """One group per generation pool (spread over nodes), one for the trainer (packed);
+    the last is the trainer's. Waits until every group is placed."""
+    from ray.util.placement_group import placement_group
+
+    groups = []
+    for p in range(layout.num_pools):
+        bundles = [b.resources(label) for b in layout.pool_bundles(p)]
+        groups.append(placement_group(bundles, strategy="SPREAD", name=f"tandem-gen-{p}"))
+    trainer = [b.resources(label) for b in layout.trainer]
+    groups.append(placement_group(trainer, strategy="PACK", name="tandem-trainer"))
+    names = [f"cluster.generation[{p}]" for p in range(layout.num_pools)] + ["cluster.trainer"]
+    for name, group in zip(names, groups):
+        ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise LiveRunError(
+                f"Ray could not place {name} ({group.bundle_specs}) within "
+                f"{PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.available_resources()}"
+            )
+    return groups
+
+
+def _make(ray, spec, run_dir, layout: RayPlan, groups, label: bool):
+    """The (not yet started) servers and trainer ranks, each on its bundle."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    def on(group: Any, index: int, resources: dict[str, float]) -> dict[str, Any]:
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+        custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+        return {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0),
+                "resources": custom, "scheduling_strategy": strategy, "max_restarts": 0}  # fmt: skip
+
+    model_dir = model_dir_for(spec)
+    token = spec.live.token or secrets.token_hex(16)
+    places = {s.instance_id: s for s in layout.servers}
+    server_actor = ray.remote(ServerActor)
+
+    def make_server(i: int) -> Any:
+        place = places[i]
+        settings = _settings(spec, place.pool, model_dir, token, run_dir, place.bundle.num_cpus)
+        options = on(groups[place.pool], place.bundle_index, place.bundle.resources(label))
+        return server_actor.options(**options).remote(i, settings)
+
+    live = spec.live
+    servers = RayServers(
+        sorted(places), token, make_server, live.restart_servers, live.startup_timeout_s
+    )
+    config = trainer_config(spec, model_dir)
+    rank_actor = ray.remote(TrainerRank)
+    world, device = len(layout.trainer), "cuda" if spec.live.device == "cuda" else "cpu"
+    ranks = [
+        rank_actor.options(**on(groups[-1], k, b.resources(label))).remote(config, k, world, device)
+        for k, b in enumerate(layout.trainer)
+    ]
+    return servers, RayTrainerGroup(ranks)
+
+
+def _settings(
+    spec, pool: int, model_dir: str, token: str, run_dir: RunDir, cpus: float
+) -> ServerSettings:
+    live, limits = spec.live, spec.cluster.generation[pool]
+    return ServerSettings(
+        model_dir=model_dir, token=token, kv_cache_gib=live.kv_cache_gib,
+        max_model_len=live.max_model_len, max_num_seqs=limits.max_num_seqs,
+        log_dir=str(run_dir.path / "logs"), startup_timeout_s=live.startup_timeout_s,
+        api_key=live.api_key, cores_per_server=max(1, int(cpus)),
+    )  # fmt: skip

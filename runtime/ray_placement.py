@@ -1,0 +1,112 @@
+"""Where a live run's processes go on a Ray cluster: the spec's ``cluster`` section as
+placement groups.
+
+Each generation pool becomes one placement group of ``num_instances`` bundles (one per
+vLLM server: ``tp`` GPUs, or ``tp`` CPUs on a CPU cluster), the trainer pool one group
+of ``num_gpus`` bundles (one per FSDP rank), packed onto as few nodes as possible. A
+datacenter is a custom resource that the cluster's nodes advertise
+(``ray start --resources='{"datacenter_dc1": 1000}'``): every bundle of a pool asks
+for a sliver of its datacenter's resource, so a ``balanced`` cross-datacenter split lands
+where the spec says. A cluster that advertises no datacenter at all places a
+single-datacenter spec anywhere; a spec spanning datacenters that the cluster does not
+advertise is an error naming the resource to add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.spec import RunSpec
+
+DATACENTER_PREFIX = "datacenter_"
+DATACENTER_SLIVER = 0.001  # of a datacenter resource per bundle: a label, not a quantity
+
+
+def datacenter_resource(datacenter: str) -> str:
+    return f"{DATACENTER_PREFIX}{datacenter}"
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    """One process's share of a node: what its placement-group bundle asks for."""
+
+    num_cpus: float
+    num_gpus: float
+    datacenter: str
+
+    def resources(self, label_datacenter: bool) -> dict[str, float]:
+        out = {"CPU": self.num_cpus}
+        if self.num_gpus:
+            out["GPU"] = self.num_gpus
+        if label_datacenter:
+            out[datacenter_resource(self.datacenter)] = DATACENTER_SLIVER
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPlace:
+    instance_id: int
+    pool: int  # index into cluster.generation
+    bundle_index: int  # within its pool's placement group
+    bundle: Bundle
+
+
+@dataclass(frozen=True, slots=True)
+class RayPlan:
+    servers: tuple[ServerPlace, ...]
+    trainer: tuple[Bundle, ...]  # one per rank
+    num_pools: int
+
+    @property
+    def datacenters(self) -> set[str]:
+        return {s.bundle.datacenter for s in self.servers} | {b.datacenter for b in self.trainer}
+
+    def pool_bundles(self, pool: int) -> list[Bundle]:
+        return [s.bundle for s in self.servers if s.pool == pool]
+
+
+def plan(spec: RunSpec, gpu: bool) -> RayPlan:
+    """Every server and trainer rank of ``spec`` with its bundle (``gpu``: a CUDA cluster,
+    else one CPU per tensor-parallel rank)."""
+    servers = []
+    for p, pool in enumerate(spec.cluster.generation):
+        cpus, gpus = (1.0, float(pool.tp)) if gpu else (float(pool.tp), 0.0)
+        for k in range(pool.num_instances):
+            bundle = Bundle(cpus, gpus, pool.datacenter)
+            servers.append(ServerPlace(len(servers), p, k, bundle))
+    t = spec.cluster.trainer
+    rank = Bundle(1.0, 1.0 if gpu else 0.0, t.datacenter)
+    return RayPlan(tuple(servers), (rank,) * t.num_gpus, len(spec.cluster.generation))
+
+
+def check_plan(spec: RunSpec, plan_: RayPlan) -> None:
+    """A spec that asks for servers two ways is an error naming the keys."""
+    n = len(plan_.servers)
+    if spec.live.server_urls:
+        raise ValueError("live.server_urls attaches to running servers; --ray starts its own")
+    if spec.live.num_servers not in (1, n):
+        raise ValueError(
+            f"live.num_servers ({spec.live.num_servers}) differs from the "
+            f"{n} generation instance(s) of cluster.generation; under --ray the cluster "
+            "section places the servers (set num_gpus / tp there)"
+        )
+
+
+def label_datacenters(plan_: RayPlan, cluster_resources: dict[str, float]) -> bool:
+    """Whether bundles must ask for their datacenter's resource; raises if the spec spans
+    datacenters the cluster does not advertise."""
+    advertised = {k for k in cluster_resources if k.startswith(DATACENTER_PREFIX)}
+    if not advertised and len(plan_.datacenters) == 1:
+        return False
+    missing = sorted(
+        datacenter_resource(dc)
+        for dc in plan_.datacenters
+        if datacenter_resource(dc) not in advertised
+    )
+    if missing:
+        raise ValueError(
+            f"the spec places processes in datacenter(s) {sorted(plan_.datacenters)} but no "
+            f"Ray node advertises {', '.join(missing)}: start each node with e.g. "
+            f"ray start --resources='{{\"{missing[0]}\": 1000}}'"
+        )
+    return True
