@@ -14,12 +14,19 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from experiments.advise_cmd import add_advise_parser
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
-from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_module
+from experiments.guards import (
+    LIVE_INSTALL_HINT,
+    MissingExtra,
+    check_out_dir,
+    missing_live_module,
+    require_ray,
+)
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
 from experiments.sweep_cmd import add_sweep_parser
@@ -128,6 +135,8 @@ def _execute(
 def cmd_sweep(args: argparse.Namespace) -> int:
     from experiments.sweep_cmd import run_sweep_command
 
+    if args.ray is not None:
+        require_ray()  # a missing extra stops the sweep before any work
     return run_sweep_command(_load(args), args, console)
 
 
@@ -325,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except SpecError as err:
         console.print(f"[red]spec error[/red]: {err}")
+        return 2
+    except MissingExtra as err:  # an optional dependency the command asked for
+        console.print(f"[red]error[/red]: {escape(str(err))}", soft_wrap=True)
         return 2
     except ValueError as err:  # user mistakes found while building the run
         console.print(f"[red]error[/red]: {err}")

@@ -1,21 +1,25 @@
-"""Parameter sweeps: every combination of a grid, simulated in parallel worker processes.
+"""Parameter sweeps: every combination of a grid, simulated in parallel worker processes
+or, with ``ray_address``, as Ray tasks (:mod:`experiments.sweep_ray`).
 
 Each point's row (its values, metrics or error) is written to ``points/NNNN/row.json``
 the moment it finishes, and ``results.parquet`` / ``results.csv`` gather every row at the
 end. A second sweep into the same ``--out`` (same spec and grid) resumes: points with a
 row and no error are not simulated again. ``point_timeout_s`` bounds each point: a
 worker over it is killed and its point recorded as failed. Workers die with the sweep
-(``PR_SET_PDEATHSIG``). A point is simulated by :func:`experiments.sweep_point.run_point`,
-and the pool driven by :func:`experiments.sweep_point.run_jobs`.
+(``PR_SET_PDEATHSIG``). Both executors simulate a point with
+:func:`experiments.sweep_point.run_point` and are driven by one loop,
+:func:`experiments.sweep_point.run_jobs`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -25,6 +29,7 @@ import pandas as pd
 from rich.progress import Progress
 
 from experiments.sweep_point import (
+    PointPool,
     Row,
     base_from_yaml,
     point_dir,
@@ -37,7 +42,7 @@ from policies.spec import RunSpec, SpecError, parse_override, read_yaml
 from runtime.errors import describe_exit
 from runtime.lifetime import die_with_parent
 
-DEFAULT_WORKERS = 2  # local worker processes
+DEFAULT_WORKERS = 2  # local worker processes when none are asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,11 +170,15 @@ def _done_rows(out: Path, points: list[dict]) -> dict[int, dict]:
 
 
 def run_sweep(
-    base: RunSpec, axes: list[GridAxis], out: Path, workers: int = DEFAULT_WORKERS,
-    quiet: bool = False, point_timeout_s: float | None = None,
+    base: RunSpec, axes: list[GridAxis], out: Path, workers: int | None = None,
+    quiet: bool = False, point_timeout_s: float | None = None, ray_address: str | None = None,
 ) -> pd.DataFrame:  # fmt: skip
-    """Every point of the grid ``axes`` over ``base``, simulated into ``out`` by ``workers``
-    local processes; the table."""
+    """Every point of the grid ``axes`` over ``base``, simulated into ``out``; the table.
+
+    ``ray_address``: None runs the points in ``workers`` local processes (default 2);
+    ``"local"`` in a Ray instance started for the sweep on 127.0.0.1 with ``workers`` CPUs
+    (default: this machine's cores); ``"auto"`` or ``host:port`` on that Ray cluster, at
+    most ``workers`` points at once (default: as many as it runs)."""
     points = grid_points(axes)
     out.mkdir(parents=True, exist_ok=True)
     _check_same_sweep(out, base, points)
@@ -183,12 +192,29 @@ def run_sweep(
         bar.advance(task)
 
     jobs = [(i, p) for i, p in enumerate(points) if i not in rows]
-    with Progress(disable=quiet) as bar:
+    with (
+        _pool(base, out, workers, point_timeout_s, ray_address) as pool,
+        Progress(disable=quiet) as bar,
+    ):
         task = bar.add_task("sweep", total=len(points), completed=len(rows))
-        run_jobs(_Pool(base, out, workers, point_timeout_s), jobs, on_row)
+        run_jobs(pool, jobs, on_row)
     frame = pd.DataFrame([rows[i] for i in sorted(rows)]).reset_index(drop=True)
     _save(frame, out)
     return frame
+
+
+@contextlib.contextmanager
+def _pool(
+    base: RunSpec, out: Path, workers: int | None, timeout_s: float | None,
+    ray_address: str | None,
+) -> Iterator[PointPool]:  # fmt: skip
+    if ray_address is None:
+        yield _Pool(base, out, workers or DEFAULT_WORKERS, timeout_s)
+        return
+    from experiments.sweep_ray import RayPool, ray_session
+
+    with ray_session(ray_address, num_cpus=workers):
+        yield RayPool(base, out, workers, timeout_s)
 
 
 def _save(frame: pd.DataFrame, out: Path) -> None:

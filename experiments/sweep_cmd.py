@@ -1,6 +1,6 @@
 """The ``tandem sweep`` command: its arguments, and the sweep from a loaded spec to ``--out``.
 
-Heavy imports (the simulator, pandas) happen inside :func:`run_sweep_command`, so
+Heavy imports (the simulator, pandas, Ray) happen inside :func:`run_sweep_command`, so
 that building the CLI's parser stays fast.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from experiments.guards import check_out_dir
+from experiments.guards import LOCAL_RAY, check_out_dir
 from policies.spec import RunSpec
 
 
@@ -30,7 +30,23 @@ def add_sweep_parser(
         metavar="KEY=V1,V2",
         help="one axis of the grid: a spec key and its values (repeat for more axes)",
     )
-    sweep.add_argument("--workers", type=int, default=2, help="simulation processes (default 2)")
+    sweep.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="simulation processes (default 2); with --ray, the CPUs of the Ray instance it "
+        "starts (default: this machine's cores), or the most points at once on a cluster",
+    )
+    sweep.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL_RAY,
+        default=None,
+        metavar="ADDRESS",
+        help="run each point as a Ray task: on a Ray instance started for the sweep on "
+        "127.0.0.1, or on the cluster at ADDRESS (auto or host:port; tandem installed on its "
+        "nodes); needs pip install 'tandem-rl[ray]'",
+    )
     sweep.add_argument(
         "--point-timeout",
         type=float,
@@ -54,7 +70,9 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
 
     axes = [parse_grid(g) for g in args.grid]
     out = check_out_dir(args.out)
-    frame = run_sweep(spec, axes, out, workers=args.workers, point_timeout_s=args.point_timeout)
+    frame = run_sweep(
+        spec, axes, out, args.workers, point_timeout_s=args.point_timeout, ray_address=args.ray
+    )
     failed = frame["error"].notna().sum()
     if failed < len(frame):
         sweep_summary(frame, [a.key for a in axes], out / "summary.png")

@@ -1,9 +1,10 @@
 """One point of a sweep, and the loop that feeds points to an executor.
 
-:func:`run_point` is the one function that simulates a point, whichever executor runs it
-(the local worker processes of :mod:`experiments.sweep` today). :func:`run_jobs` drives
-any :class:`PointPool` (submit while there is room, hand each finished row on, stop what
-is left on the way out, Ctrl-C included).
+:func:`run_point` is the one function that simulates a point: the local worker processes
+(:mod:`experiments.sweep`) and the Ray tasks (:mod:`experiments.sweep_ray`) both call it,
+so a point gives the same row under either. :func:`run_jobs` drives any
+:class:`PointPool` (submit while there is room, hand each finished row on, stop what is
+left on the way out, Ctrl-C included).
 """
 
 from __future__ import annotations
