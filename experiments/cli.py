@@ -14,14 +14,22 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from experiments.advise_cmd import add_advise_parser
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
-from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_module
+from experiments.guards import (
+    LIVE_INSTALL_HINT,
+    MissingExtra,
+    check_out_dir,
+    missing_live_module,
+    require_ray,
+)
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
+from experiments.sweep_cmd import add_sweep_parser
 from policies.logs import run_log
 from policies.results import SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec, SpecError, load_spec
@@ -131,22 +139,11 @@ def _execute(
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from experiments.plots import sweep_summary
-    from experiments.sweep import parse_grid, run_sweep
+    from experiments.sweep_cmd import run_sweep_command
 
-    spec = _load(args)
-    axes = [parse_grid(g) for g in args.grid]
-    out = check_out_dir(args.out)
-    frame = run_sweep(spec, axes, out, workers=args.workers, point_timeout_s=args.point_timeout)
-    failed = frame["error"].notna().sum()
-    if failed < len(frame):
-        sweep_summary(frame, [a.key for a in axes], out / "summary.png")
-    console.print(f"{len(frame)} points, {failed} failed; results in [bold]{out}[/bold]")
-    for _, row in frame[frame["error"].notna()].iterrows():
-        console.print(f"[red]point {row['point']} failed[/red]: {row['error']}")
-    if failed == len(frame) and frame["error"].str.startswith("SpecError").all():
-        return 2
-    return 1 if failed else 0
+    if args.ray is not None:
+        require_ray()  # a missing extra stops the sweep before any work
+    return run_sweep_command(_load(args), args, console)
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -242,30 +239,7 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
     )
     run.set_defaults(func=cmd_run)
 
-    sweep = sub.add_parser("sweep", help="simulate every combination of a grid")
-    _with_spec(sweep, None)
-    sweep.add_argument(
-        "--grid",
-        action="append",
-        required=True,
-        metavar="KEY=V1,V2",
-        help="one axis of the grid: a spec key and its values (repeat for more axes)",
-    )
-    sweep.add_argument("--workers", type=int, default=2, help="simulation processes (default 2)")
-    sweep.add_argument(
-        "--point-timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="seconds a point may take before it is stopped and recorded as failed",
-    )
-    sweep.add_argument(
-        "--out",
-        required=True,
-        help="directory for results.csv/.parquet and points/; a second run resumes (skips done points)",
-    )
-    sweep.set_defaults(func=cmd_sweep)
-
+    add_sweep_parser(sub, _with_spec, cmd_sweep)
     add_advise_parser(sub, _with_spec, cmd_advise)
 
     bench = sub.add_parser("bench", help="benchmarks; the last line printed is JSON")
@@ -374,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except SpecError as err:
         console.print(f"[red]spec error[/red]: {err}")
+        return 2
+    except MissingExtra as err:  # an optional dependency the command asked for
+        console.print(f"[red]error[/red]: {escape(str(err))}", soft_wrap=True)
         return 2
     except ValueError as err:  # user mistakes found while building the run
         console.print(f"[red]error[/red]: {err}")

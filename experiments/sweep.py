@@ -1,36 +1,48 @@
-"""Parameter sweeps: every combination of a grid, simulated in parallel worker processes.
+"""Parameter sweeps: every combination of a grid, simulated in parallel worker processes
+or, with ``ray_address``, as Ray tasks (:mod:`experiments.sweep_ray`).
 
 Each point's row (its values, metrics or error) is written to ``points/NNNN/row.json``
 the moment it finishes, and ``results.parquet`` / ``results.csv`` gather every row at the
 end. A second sweep into the same ``--out`` (same spec and grid) resumes: points with a
 row and no error are not simulated again. ``point_timeout_s`` bounds each point: a
 worker over it is killed and its point recorded as failed. Workers die with the sweep
-(``PR_SET_PDEATHSIG``).
+(``PR_SET_PDEATHSIG``). Both executors simulate a point with
+:func:`experiments.sweep_point.run_point` and are driven by one loop,
+:func:`experiments.sweep_point.run_jobs`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import multiprocessing as mp
 import os
 import time
-import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 from rich.progress import Progress
 
-from experiments.predictors import ranker_for
-from policies.logs import run_log
+from experiments.sweep_point import (
+    PointPool,
+    Row,
+    base_from_yaml,
+    point_dir,
+    run_jobs,
+    run_point,
+    timeout_row,
+)
 from policies.results import write_atomic
-from policies.spec import RunSpec, SpecError, override_spec, parse_override, read_yaml
+from policies.spec import RunSpec, SpecError, parse_override, read_yaml
 from runtime.errors import describe_exit
 from runtime.lifetime import die_with_parent
+
+DEFAULT_WORKERS = 2  # local worker processes when none are asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,47 +68,14 @@ def grid_points(axes: list[GridAxis]) -> list[dict[str, Any]]:
     ]
 
 
-def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
-    overrides = [
-        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-        for k, v in point.items()
-    ]
-    return override_spec(base, overrides)
-
-
-def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
-    """Simulate one grid point; a failure becomes a row with its error, never an exception."""
-    from sim.simulator import Simulation
-
-    row: dict[str, Any] = dict(point)
-    try:
-        spec = point_spec(base, point)
-        if out_dir is None:
-            result = Simulation(spec, ranker=ranker_for(spec)).run()
-        else:
-            with run_log(out_dir):
-                result = Simulation(spec, ranker=ranker_for(spec)).run()
-                result.save(out_dir)
-        row.update(result.metrics)
-        row["error"] = None
-    except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
-        row["error"] = f"{type(err).__name__}: {err}"
-        row["traceback"] = traceback.format_exc(limit=3)
-    return row
-
-
-def _point_dir(out: Path, index: int) -> Path:
-    return out / "points" / f"{index:04d}"
-
-
 def _worker(conn, base_yaml: str, out: str, parent_pid: int) -> None:
     """A sweep worker: simulate the points it is sent, one at a time, until told to stop."""
     die_with_parent(parent_pid=parent_pid)
-    base = RunSpec.model_validate(read_yaml(base_yaml))
+    base = base_from_yaml(base_yaml)
     while (job := conn.recv()) is not None:
         index, point = job
         conn.send(("started", index, None))  # the point's clock starts now (not at spawn)
-        conn.send(("done", index, run_point(base, point, _point_dir(Path(out), index))))
+        conn.send(("done", index, run_point(base, point, point_dir(Path(out), index))))
 
 
 class _Pool:
@@ -110,18 +89,13 @@ class _Pool:
         self._busy: dict[Any, tuple[Any, int, float | None]] = {}
         self._idle: list[tuple[Any, Any]] = []  # (process, conn)
 
-    def run(self, jobs: list[tuple[int, dict]], on_row) -> None:
-        todo = list(reversed(jobs))
-        try:
-            while todo or self._busy:
-                while todo and len(self._busy) < self.size:
-                    self._submit(*todo.pop())
-                for index, row in self._collect():
-                    on_row(index, row)
-        finally:
-            self._close()
+    def has_room(self) -> bool:
+        return len(self._busy) < self.size
 
-    def _submit(self, index: int, point: dict) -> None:
+    def num_busy(self) -> int:
+        return len(self._busy)
+
+    def submit(self, index: int, point: dict) -> None:
         process, conn = self._idle.pop() if self._idle else self._start()
         conn.send((index, point))
         self._busy[conn] = (process, index, None)
@@ -133,7 +107,7 @@ class _Pool:
         child.close()
         return process, parent
 
-    def _collect(self) -> list[tuple[int, dict]]:
+    def collect(self) -> list[tuple[int, Row]]:
         ready = wait(list(self._busy), timeout=0.2)
         out = []
         for conn in ready:
@@ -153,18 +127,17 @@ class _Pool:
             out += self._stop_overdue()
         return out
 
-    def _stop_overdue(self) -> list[tuple[int, dict]]:
+    def _stop_overdue(self) -> list[tuple[int, Row]]:
         now, out = time.monotonic(), []
         for conn, (process, index, start) in list(self._busy.items()):
             if start is not None and now - start > self.timeout_s:
                 process.kill()
                 process.join()
                 del self._busy[conn]
-                error = f"TimeoutError: point took over {self.timeout_s:g} s (stopped)"
-                out.append((index, {"error": error}))
+                out.append((index, timeout_row(self.timeout_s)))
         return out
 
-    def _close(self) -> None:
+    def close(self) -> None:
         for process, conn in self._idle:
             conn.send(None)
             process.join(timeout=5)
@@ -188,7 +161,7 @@ def _check_same_sweep(out: Path, base: RunSpec, points: list[dict]) -> None:
 def _done_rows(out: Path, points: list[dict]) -> dict[int, dict]:
     rows = {}
     for i in range(len(points)):
-        path = _point_dir(out, i) / "row.json"
+        path = point_dir(out, i) / "row.json"
         if path.exists():
             row = json.loads(path.read_text())
             if row.get("error") is None:
@@ -197,28 +170,51 @@ def _done_rows(out: Path, points: list[dict]) -> dict[int, dict]:
 
 
 def run_sweep(
-    base: RunSpec, axes: list[GridAxis], out: Path, workers: int = 2, quiet: bool = False,
-    point_timeout_s: float | None = None,
+    base: RunSpec, axes: list[GridAxis], out: Path, workers: int | None = None,
+    quiet: bool = False, point_timeout_s: float | None = None, ray_address: str | None = None,
 ) -> pd.DataFrame:  # fmt: skip
+    """Every point of the grid ``axes`` over ``base``, simulated into ``out``; the table.
+
+    ``ray_address``: None runs the points in ``workers`` local processes (default 2);
+    ``"local"`` in a Ray instance started for the sweep on 127.0.0.1 with ``workers`` CPUs
+    (default: this machine's cores); ``"auto"`` or ``host:port`` on that Ray cluster, at
+    most ``workers`` points at once (default: as many as it runs)."""
     points = grid_points(axes)
     out.mkdir(parents=True, exist_ok=True)
     _check_same_sweep(out, base, points)
     write_atomic(out / "spec.yaml", base.to_yaml().encode())
     rows = _done_rows(out, points)  # a resumed sweep skips the points already done
 
-    def on_row(index: int, row: dict) -> None:
+    def on_row(index: int, row: Row) -> None:
         row = {"point": index, **points[index], **row}
         rows[index] = row
-        write_atomic(_point_dir(out, index) / "row.json", json.dumps(row, default=str).encode())
+        write_atomic(point_dir(out, index) / "row.json", json.dumps(row, default=str).encode())
         bar.advance(task)
 
-    with Progress(disable=quiet) as bar:
+    jobs = [(i, p) for i, p in enumerate(points) if i not in rows]
+    with (
+        _pool(base, out, workers, point_timeout_s, ray_address) as pool,
+        Progress(disable=quiet) as bar,
+    ):
         task = bar.add_task("sweep", total=len(points), completed=len(rows))
-        jobs = [(i, p) for i, p in enumerate(points) if i not in rows]
-        _Pool(base, out, workers, point_timeout_s).run(jobs, on_row)
+        run_jobs(pool, jobs, on_row)
     frame = pd.DataFrame([rows[i] for i in sorted(rows)]).reset_index(drop=True)
     _save(frame, out)
     return frame
+
+
+@contextlib.contextmanager
+def _pool(
+    base: RunSpec, out: Path, workers: int | None, timeout_s: float | None,
+    ray_address: str | None,
+) -> Iterator[PointPool]:  # fmt: skip
+    if ray_address is None:
+        yield _Pool(base, out, workers or DEFAULT_WORKERS, timeout_s)
+        return
+    from experiments.sweep_ray import RayPool, ray_session
+
+    with ray_session(ray_address, num_cpus=workers):
+        yield RayPool(base, out, workers, timeout_s)
 
 
 def _save(frame: pd.DataFrame, out: Path) -> None:

@@ -1,0 +1,84 @@
+"""The ``tandem sweep`` command: its arguments, and the sweep from a loaded spec to ``--out``.
+
+Heavy imports (the simulator, pandas, Ray) happen inside :func:`run_sweep_command`, so
+that building the CLI's parser stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+
+from experiments.guards import LOCAL_RAY, check_out_dir
+from policies.spec import RunSpec
+
+
+def add_sweep_parser(
+    sub: Any,
+    with_spec: Callable[[argparse.ArgumentParser, str | None], None],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
+    sweep = sub.add_parser("sweep", help="simulate every combination of a grid")
+    with_spec(sweep, None)
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        required=True,
+        metavar="KEY=V1,V2",
+        help="one axis of the grid: a spec key and its values (repeat for more axes)",
+    )
+    sweep.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="simulation processes (default 2); with --ray, the CPUs of the Ray instance it "
+        "starts (default: this machine's cores), or the most points at once on a cluster",
+    )
+    sweep.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL_RAY,
+        default=None,
+        metavar="ADDRESS",
+        help="run each point as a Ray task: on a Ray instance started for the sweep on "
+        "127.0.0.1, or on the cluster at ADDRESS (auto or host:port; tandem installed on its "
+        "nodes); needs pip install 'tandem-rl[ray]'",
+    )
+    sweep.add_argument(
+        "--point-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a point may take before it is stopped and recorded as failed",
+    )
+    sweep.add_argument(
+        "--out",
+        required=True,
+        help="directory for results.csv/.parquet and points/; a second run resumes (skips done points)",
+    )
+    sweep.set_defaults(func=handler)
+
+
+def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console) -> int:
+    """Run the sweep; print its outcome. Exit status 0, 1 if a point failed, 2 if every
+    point's spec was invalid."""
+    from experiments.plots import sweep_summary
+    from experiments.sweep import parse_grid, run_sweep
+
+    axes = [parse_grid(g) for g in args.grid]
+    out = check_out_dir(args.out)
+    frame = run_sweep(
+        spec, axes, out, args.workers, point_timeout_s=args.point_timeout, ray_address=args.ray
+    )
+    failed = frame["error"].notna().sum()
+    if failed < len(frame):
+        sweep_summary(frame, [a.key for a in axes], out / "summary.png")
+    console.print(f"{len(frame)} points, {failed} failed; results in [bold]{out}[/bold]")
+    for _, row in frame[frame["error"].notna()].iterrows():
+        console.print(f"[red]point {row['point']} failed[/red]: {row['error']}")
+    if failed == len(frame) and frame["error"].str.startswith("SpecError").all():
+        return 2
+    return 1 if failed else 0

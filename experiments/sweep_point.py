@@ -1,0 +1,106 @@
+"""One point of a sweep, and the loop that feeds points to an executor.
+
+:func:`run_point` is the one function that simulates a point: the local worker processes
+(:mod:`experiments.sweep`) and the Ray tasks (:mod:`experiments.sweep_ray`) both call it,
+so a point gives the same row under either. :func:`run_jobs` drives any
+:class:`PointPool` (submit while there is room, hand each finished row on, stop what is
+left on the way out, Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from experiments.predictors import ranker_for
+from policies.logs import run_log
+from policies.spec import RunSpec, override_spec, read_yaml
+
+Row = dict[str, Any]  # a point's values, its metrics or its error (the sweep's table row)
+OnRow = Callable[[int, Row], None]
+
+
+def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
+    overrides = [
+        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for k, v in point.items()
+    ]
+    return override_spec(base, overrides)
+
+
+def base_from_yaml(text: str) -> RunSpec:
+    """The sweep's base spec as a worker receives it (its resolved YAML)."""
+    return RunSpec.model_validate(read_yaml(text))
+
+
+def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> Row:
+    """Simulate one grid point; a failure becomes a row with its error, never an exception.
+
+    ``out_dir``: where the point's run files go (spec.yaml, metrics.json, run.log...)."""
+    from sim.simulator import Simulation
+
+    row: Row = dict(point)
+    try:
+        spec = point_spec(base, point)
+        if out_dir is None:
+            result = Simulation(spec, ranker=ranker_for(spec)).run()
+        else:
+            with run_log(out_dir):
+                result = Simulation(spec, ranker=ranker_for(spec)).run()
+                result.save(out_dir)
+        row.update(result.metrics)
+        row["error"] = None
+    except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
+        row["error"] = f"{type(err).__name__}: {err}"
+        row["traceback"] = traceback.format_exc(limit=3)
+    return row
+
+
+def point_dir(out: Path, index: int) -> Path:
+    """Where point ``index`` of a sweep into ``out`` keeps its files."""
+    return out / "points" / f"{index:04d}"
+
+
+def timeout_row(timeout_s: float) -> Row:
+    """The row of a point stopped for running over ``timeout_s``."""
+    return {"error": f"TimeoutError: point took over {timeout_s:g} s (stopped)"}
+
+
+class PointPool(Protocol):
+    """Runs a sweep's points (worker processes, Ray tasks) and hands back their rows."""
+
+    def has_room(self) -> bool:
+        """Whether another point may be submitted now."""
+        ...
+
+    def num_busy(self) -> int:
+        """Points submitted and not yet collected."""
+        ...
+
+    def submit(self, index: int, point: dict[str, Any]) -> None: ...
+
+    def collect(self) -> list[tuple[int, Row]]:
+        """The points finished (or stopped) since the last call; waits briefly for one."""
+        ...
+
+    def close(self) -> None:
+        """Stop every point still running; the pool is not used again."""
+        ...
+
+
+def run_jobs(pool: PointPool, jobs: list[tuple[int, dict[str, Any]]], on_row: OnRow) -> None:
+    """Run every ``(index, point)`` of ``jobs`` on ``pool``, in order, calling ``on_row``
+    as each finishes; ``pool`` is closed however this ends (an error, Ctrl-C)."""
+    todo = list(reversed(jobs))
+    try:
+        while todo or pool.num_busy():
+            while todo and pool.has_room():
+                pool.submit(*todo.pop())
+            for index, row in pool.collect():
+                on_row(index, row)
+    finally:
+        pool.close()

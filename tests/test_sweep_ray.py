@@ -1,0 +1,301 @@
+"""``tandem sweep --ray`` (issue #17, item 5): the points as Ray tasks on a local Ray bound to
+127.0.0.1 give the local sweep's results exactly, record failed and overdue points as the
+local workers do, resume, and leave nothing running when the driver is stopped or killed.
+
+One Ray instance serves the module (``ray_node``; a start costs seconds); the sweeps
+under test find it initialised and use it. The tests that stop a driver run the CLI in a
+process of its own, which starts and shuts down a Ray of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments import cli
+from experiments.cli import main
+from experiments.guards import MissingExtra
+from experiments.sweep import parse_grid, run_sweep
+from experiments.sweep_point import run_point
+from policies.results import WALL_METRICS
+from policies.spec import load_spec
+
+pytestmark = pytest.mark.timeout(300)  # a sweep that never ends fails instead of hanging CI
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+TINY_YAML = """
+run: {name: tiny, iterations: 2, seed: 3}
+cluster:
+  generation: [{hardware: H800, num_gpus: 2, max_num_seqs: 32}]
+  trainer: {hardware: H800, num_gpus: 2}
+workload: {kind: lognormal, max_output_tokens: 300, lognormal_median_tokens: 80, num_prompts: 32}
+algorithm: {name: grpo, batch_size: 8, group_size: 2}
+pipeline: {mode: disagg-sync}
+policies: {allocation: fixed}
+"""
+LONG = 100_000  # iterations of the tiny spec: minutes, far over any timeout here
+TASK_TITLE = "ray::point_task"  # a Ray worker's command line while it runs a point
+# Ray's per-node agents: they run no task, and when the node dies under them (its driver
+# killed) they exit on their own, after a last report to the dead GCS times out (~60 s)
+AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+@pytest.fixture(scope="module")
+def spec_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("spec") / "tiny.yaml"
+    path.write_text(TINY_YAML)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_node():
+    """A Ray instance for the module, started as ``tandem sweep --ray`` starts one."""
+    import ray
+
+    from experiments.sweep_ray import start_local_ray
+
+    start_local_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch):
+    monkeypatch.setattr(cli.console, "width", 400)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _sweep(spec: Path, out: Path, *grid_and_flags: str) -> int:
+    return main(["sweep", str(spec), *grid_and_flags, "--out", str(out)])
+
+
+def _row(out: Path, index: int) -> dict:
+    return json.loads((out / "points" / f"{index:04d}" / "row.json").read_text())
+
+
+# --- processes and sockets, from /proc --------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                kids = [int(c) for c in (task / "children").read_text().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _point_tasks(pid: int) -> list[int]:
+    """Processes below ``pid`` running a sweep point (a Ray worker inside point_task)."""
+    return [p for p in _descendants(pid) if _cmdline(p).startswith(TASK_TITLE)]
+
+
+def _wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address of /proc/net/tcp{,6}: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hex_address.split(":")[0])
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(words)
+
+
+def _is_loopback(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def _tcp_sockets(inodes: set[str]) -> list[tuple[str, str, str]]:
+    """(state, local, remote) of the TCP sockets with these inodes (hex as in /proc)."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                out.append((fields[3], fields[1], fields[2]))
+    return out
+
+
+# --- tests that run the CLI in a process of its own (its own Ray) -----------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_path, tmp_path, sig):
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", str(spec_path), "--grid",
+           f"run.iterations={LONG},{LONG + 1}", "--ray", "--workers", "2",
+           "--out", str(tmp_path / "sweep")]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    started: list[int] = []
+    try:
+        assert _wait_until(lambda: len(_point_tasks(proc.pid)) == 2, 120), "no point started"
+        started = [p for p in _descendants(proc.pid) if _alive(p)]  # Ray's servers too
+        os.kill(proc.pid, sig)
+        code = proc.wait(timeout=60)
+        assert code == (130 if sig == signal.SIGINT else -signal.SIGKILL)
+        # Ctrl-C: the sweep cancels its tasks and shuts its Ray down; killed: Ray's reaper
+        # stops the node, and its workers exit with it
+        may_linger = () if sig == signal.SIGINT else AGENTS
+        must_go = [p for p in started if not _cmdline(p).startswith(may_linger)]
+        assert len(must_go) >= 4  # the point tasks, gcs_server, raylet, ...
+        assert _wait_until(lambda: not any(_alive(p) for p in must_go), 30), [
+            _cmdline(p)[:80] for p in must_go if _alive(p)
+        ]
+    finally:
+        for p in [proc.pid, *started]:  # whatever outlived the sweep
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        proc.wait()
+
+
+def test_without_ray_installed_the_sweep_stops_at_once_naming_the_extra(
+    spec_path, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if not installed
+    out = tmp_path / "sweep"
+    assert _sweep(spec_path, out, "--grid", "run.seed=1,2", "--ray") == 2
+    printed = _flat(capsys.readouterr().out)
+    assert "--ray needs Ray, which is not installed" in printed
+    assert "pip install 'tandem-rl[ray]'" in printed
+    assert not out.exists()  # nothing ran
+    base = load_spec(spec_path, [])
+    with pytest.raises(MissingExtra, match=r"tandem-rl\[ray\]"):
+        run_sweep(base, [parse_grid("run.seed=1,2")], out, quiet=True, ray_address="local")
+
+
+# --- tests on the module's Ray ----------------------------------------------------------
+
+
+def test_the_local_ray_binds_every_server_to_127_0_0_1(ray_node):
+    assert {n["NodeManagerAddress"] for n in ray_node.nodes()} == {"127.0.0.1"}
+    ray_pids = _descendants(os.getpid())  # gcs_server, raylet, the agents, the workers
+    assert any("gcs_server" in _cmdline(p) for p in ray_pids)
+    sockets = _tcp_sockets(set().union(*(_socket_inodes(p) for p in [os.getpid(), *ray_pids])))
+    assert any(state == "0A" for state, _, _ in sockets)  # listening servers were found
+    for state, local, remote in sockets:
+        assert _is_loopback(_address(local)), (state, _address(local))
+        remote_ip = _address(remote)
+        assert remote_ip.is_unspecified or _is_loopback(remote_ip), (state, remote_ip)
+
+
+def test_a_ray_sweep_gives_the_local_sweeps_results_exactly(ray_node, spec_path, tmp_path):
+    grid = ["--grid", "pipeline.mode=disagg-sync,stream-sync,stream-async"]
+    assert _sweep(spec_path, tmp_path / "local", *grid, "--workers", "2") == 0
+    assert _sweep(spec_path, tmp_path / "ray", *grid, "--ray") == 0
+    local = pd.read_parquet(tmp_path / "local" / "results.parquet")
+    ray = pd.read_parquet(tmp_path / "ray" / "results.parquet")
+    assert list(ray.columns) == list(local.columns) and len(ray) == 3
+    numeric = [c for c in local.select_dtypes("number").columns if c not in WALL_METRICS]
+    assert {"throughput_samples_per_s", "pipeline_bubble_s", "mean_staleness"} <= set(numeric)
+    for column in numeric:
+        assert ray[column].tolist() == local[column].tolist(), column  # bit for bit
+    assert ray["pipeline.mode"].tolist() == local["pipeline.mode"].tolist()
+    assert ray["error"].isna().all()
+    for i in range(3):  # the driver wrote each point's run files from the task's result
+        local_dir, ray_dir = (tmp_path / s / "points" / f"{i:04d}" for s in ("local", "ray"))
+        assert sorted(p.name for p in ray_dir.iterdir()) == sorted(
+            p.name for p in local_dir.iterdir()
+        )
+        for name in ("samples.parquet", "events.parquet", "steps.json", "spec.yaml"):
+            assert (ray_dir / name).read_bytes() == (local_dir / name).read_bytes(), name
+
+
+def test_a_failing_point_under_ray_is_recorded_and_the_exit_is_1(
+    ray_node, spec_path, tmp_path, capsys
+):
+    out = tmp_path / "sweep"
+    assert _sweep(spec_path, out, "--grid", "model.name=Qwen2.5-7B,NoSuchModel-1B", "--ray") == 1
+    printed = _flat(capsys.readouterr().out)
+    assert "2 points, 1 failed" in printed and "point 1 failed" in printed
+    good, bad = _row(out, 0), _row(out, 1)
+    assert good["error"] is None and good["num_samples_trained"] == 16
+    local = run_point(load_spec(spec_path, []), {"model.name": "NoSuchModel-1B"}, None)
+    assert bad["error"] == local["error"]  # the error a local worker records
+    assert bad["error"].startswith("ValueError: model.name: unknown model 'NoSuchModel-1B'")
+    frame = pd.read_csv(out / "results.csv")
+    assert frame["error"].notna().tolist() == [False, True]
+
+
+def test_a_point_over_its_time_under_ray_is_cancelled_and_recorded(
+    ray_node, spec_path, tmp_path, capsys
+):
+    out = tmp_path / "sweep"
+    grid = ["--grid", f"run.iterations=2,{LONG}", "--point-timeout", "3"]
+    start = time.monotonic()
+    assert _sweep(spec_path, out, *grid, "--ray") == 1
+    assert time.monotonic() - start < 40  # not the minutes the long point would take
+    assert "point took over 3 s (stopped)" in _flat(capsys.readouterr().out)
+    assert _row(out, 0)["error"] is None
+    assert _row(out, 1)["error"] == "TimeoutError: point took over 3 s (stopped)"
+    # ray.cancel(force=True) killed the worker running it
+    assert _wait_until(lambda: _point_tasks(os.getpid()) == [], 15)
+
+
+def test_a_second_ray_sweep_into_the_same_out_skips_the_points_done(
+    ray_node, spec_path, tmp_path, capsys
+):
+    out = tmp_path / "sweep"
+    grid = ["--grid", "run.seed=3,4", "--ray"]
+    assert _sweep(spec_path, out, *grid) == 0
+    done = [out / "points" / "0000" / name for name in ("row.json", "metrics.json")]
+    stamps = [(p.stat().st_mtime_ns, p.read_bytes()) for p in done]
+    first = _row(out, 1)
+    (out / "points" / "0001" / "row.json").unlink()  # as if the sweep had died before it
+    capsys.readouterr()
+    assert _sweep(spec_path, out, *grid) == 0
+    assert [(p.stat().st_mtime_ns, p.read_bytes()) for p in done] == stamps  # not run again
+    again = _row(out, 1)  # run again, with the same result
+    assert {k: v for k, v in again.items() if k not in WALL_METRICS} == {
+        k: v for k, v in first.items() if k not in WALL_METRICS
+    }
+    assert "2 points, 0 failed" in _flat(capsys.readouterr().out)
+    assert pd.read_parquet(out / "results.parquet")["point"].tolist() == [0, 1]
