@@ -20,19 +20,15 @@ from rich.table import Table
 from experiments.advise_cmd import add_advise_parser
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
-from experiments.guards import (
-    LIVE_INSTALL_HINT,
-    MissingExtra,
-    check_out_dir,
-    missing_live_module,
-    require_ray,
-)
+from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_module
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
 from experiments.sweep_cmd import add_sweep_parser
 from policies.logs import run_log
 from policies.results import SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec, SpecError, load_spec
+from runtime.errors import MissingExtra
+from runtime.ray_session import require_ray
 
 DEFAULT_SPEC = "streamrl-7b"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

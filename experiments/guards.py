@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from types import ModuleType
 
 # modules of the live runtime (scripts/setup.sh --live); a simulator-only install lacks them
 LIVE_MODULES = frozenset(
@@ -44,22 +43,3 @@ def missing_live_module(err: ModuleNotFoundError) -> str | None:
     """The live-runtime module an import failed on, or None for any other module."""
     root = (err.name or "").split(".")[0]
     return root if root in LIVE_MODULES else None
-
-
-LOCAL_RAY = "local"  # tandem sweep --ray without an address: a Ray instance of the sweep's own
-RAY_INSTALL_HINT = "pip install 'tandem-rl[ray]'"
-
-
-class MissingExtra(RuntimeError):
-    """An optional dependency that the command asked for is not installed."""
-
-
-def require_ray() -> ModuleType:
-    """The ``ray`` module, imported now; a ``MissingExtra`` naming the extra if absent."""
-    try:
-        import ray
-    except ImportError:
-        raise MissingExtra(
-            f"--ray needs Ray, which is not installed; install it with: {RAY_INSTALL_HINT}"
-        ) from None
-    return ray

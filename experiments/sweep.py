@@ -211,7 +211,8 @@ def _pool(
     if ray_address is None:
         yield _Pool(base, out, workers or DEFAULT_WORKERS, timeout_s)
         return
-    from experiments.sweep_ray import RayPool, ray_session
+    from experiments.sweep_ray import RayPool
+    from runtime.ray_session import ray_session
 
     with ray_session(ray_address, num_cpus=workers):
         yield RayPool(base, out, workers, timeout_s)

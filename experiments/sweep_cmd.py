@@ -12,8 +12,9 @@ from typing import Any
 
 from rich.console import Console
 
-from experiments.guards import LOCAL_RAY, check_out_dir
+from experiments.guards import check_out_dir
 from policies.spec import RunSpec
+from runtime.ray_session import LOCAL_RAY
 
 
 def add_sweep_parser(

@@ -20,8 +20,6 @@ Without an address the sweep starts Ray on this machine, every server bound to
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.guards import LOCAL_RAY, require_ray
 from experiments.sweep_point import Row, base_from_yaml, point_dir, run_point, timeout_row
 from policies.results import write_atomic
 from policies.spec import RunSpec
+from runtime.ray_session import require_ray
 
 LOOPBACK = "127.0.0.1"
 STARTED = "started"  # what a point's task yields first, as it starts
@@ -134,50 +132,3 @@ class RayPool:
 def _first_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return lines[0] if lines else ""
-
-
-@contextlib.contextmanager
-def ray_session(address: str, num_cpus: int | None = None) -> Iterator[None]:
-    """Ray, connected for the block. ``address`` :data:`~experiments.guards.LOCAL_RAY`: a
-    Ray instance started on 127.0.0.1 with ``num_cpus`` (default: this machine's cores),
-    shut down after; ``auto`` or ``host:port``: that cluster, disconnected after. A Ray
-    that this process has initialised already is used as it is, and left running."""
-    ray = require_ray()
-    if ray.is_initialized():
-        yield
-        return
-    try:
-        if address == LOCAL_RAY:
-            start_local_ray(num_cpus or os.cpu_count() or 1)
-        else:
-            ray.init(address=address, logging_level=logging.WARNING)
-        yield
-    finally:
-        ray.shutdown()
-
-
-def start_local_ray(num_cpus: int) -> None:
-    """Start a Ray instance for this process on this machine: every server bound to
-    127.0.0.1, no dashboard. A ``RuntimeError`` (and no instance) if Ray bound elsewhere."""
-    ray = require_ray()
-    from ray._private import ray_constants
-
-    # ray.init resolves a loopback _node_ip_address to the host's outward address
-    # (services.resolve_ip_for_localhost), except where Ray runs single-node only, as on
-    # Windows and macOS; switch that on while the node starts (checked below).
-    multi_node = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(
-            address=LOCAL_RAY,  # a new instance, even with RAY_ADDRESS set or another running
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            _node_ip_address=LOOPBACK,
-            logging_level=logging.WARNING,
-        )
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = multi_node
-    addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
-    if addresses != {LOOPBACK}:
-        ray.shutdown()
-        raise RuntimeError(f"the local Ray instance bound to {sorted(addresses)}, not {LOOPBACK}")

@@ -24,3 +24,7 @@ def describe_exit(returncode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with status {returncode}"
+
+
+class MissingExtra(RuntimeError):
+    """An optional dependency that the command asked for is not installed."""

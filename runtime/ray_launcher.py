@@ -23,9 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
 from policies.protocols import LengthPredictor
@@ -36,38 +34,13 @@ from runtime.live_run import AfterStep, OnStep, drive, model_dir_for, trainer_co
 from runtime.ray_actors import ServerActor, ServerSettings, TrainerRank
 from runtime.ray_handles import RayServers, RayTrainerGroup
 from runtime.ray_placement import RayPlan, check_plan, label_datacenters, plan
+from runtime.ray_session import ray_session
 from runtime.run_dir import RunDir
 from runtime.server_faults import ServersLost
 
 log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 120.0  # a placement group not placed by then cannot be (resources)
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-@contextlib.contextmanager
-def connected(address: str) -> Iterator[Any]:
-    """The ``ray`` module connected to ``address`` (``local``: a new instance on this
-    machine, every port on 127.0.0.1); disconnects (and stops a local one) at the end."""
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    if host in (*LOOPBACK, "local"):
-        # ray resolves a loopback address to the machine's outward address unless told
-        # that this is not a multi-machine cluster; read when ray is first imported
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    try:
-        import ray
-    except ImportError:
-        raise LiveRunError("--ray needs Ray: pip install 'tandem-rl[ray]'") from None
-    owned = not ray.is_initialized()
-    if owned and address == "local":
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    elif owned:
-        ray.init(address=address, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        if owned:
-            ray.shutdown()
 
 
 def run_on_ray(
@@ -77,7 +50,7 @@ def run_on_ray(
     """Place, start, run and remove the run's actors on the cluster at ``address``."""
     layout = plan(spec, gpu=spec.live.device == "cuda")
     check_plan(spec, layout)
-    with connected(address) as ray:
+    with ray_session(address) as ray:
         label = label_datacenters(layout, ray.cluster_resources())
         groups: list[Any] = []
         servers: RayServers | None = None

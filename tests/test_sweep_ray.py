@@ -24,11 +24,11 @@ import pytest
 
 from experiments import cli
 from experiments.cli import main
-from experiments.guards import MissingExtra
 from experiments.sweep import parse_grid, run_sweep
 from experiments.sweep_point import run_point
 from policies.results import WALL_METRICS
 from policies.spec import load_spec
+from runtime.errors import MissingExtra
 
 pytestmark = pytest.mark.timeout(300)  # a sweep that never ends fails instead of hanging CI
 
@@ -63,7 +63,7 @@ def ray_node():
     """A Ray instance for the module, started as ``tandem sweep --ray`` starts one."""
     import ray
 
-    from experiments.sweep_ray import start_local_ray
+    from runtime.ray_session import start_local_ray
 
     start_local_ray(num_cpus=2)
     yield ray

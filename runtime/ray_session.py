@@ -1,0 +1,92 @@
+"""Ray for one command: connect to a cluster, or start one on this machine on 127.0.0.1.
+
+``ray`` is imported only here, when a command asks for ``--ray`` (the ``ray`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from types import ModuleType
+
+from runtime.errors import MissingExtra
+
+LOCAL_RAY = "local"  # --ray without an address: a Ray instance of the command's own
+LOOPBACK = "127.0.0.1"
+RAY_INSTALL_HINT = "pip install 'tandem-rl[ray]'"
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def require_ray() -> ModuleType:
+    """The ``ray`` module, imported now; a ``MissingExtra`` naming the extra if absent."""
+    try:
+        import ray
+    except ImportError:
+        raise MissingExtra(
+            f"--ray needs Ray, which is not installed; install it with: {RAY_INSTALL_HINT}"
+        ) from None
+    return ray
+
+
+@contextlib.contextmanager
+def ray_session(address: str, num_cpus: int | None = None) -> Iterator[ModuleType]:
+    """Ray, connected for the block. ``address`` :data:`LOCAL_RAY`: an instance started
+    on 127.0.0.1 with ``num_cpus`` (default: this machine's cores), shut down after;
+    ``auto`` or ``host:port``: that cluster, disconnected after. A Ray that this process
+    has initialised already is used as it is, and left running."""
+    ray = require_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    try:
+        if address == LOCAL_RAY:
+            start_local_ray(num_cpus)
+        else:
+            with loopback_stays_loopback(_is_loopback(address)):
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def start_local_ray(num_cpus: int | None = None) -> None:
+    """Start a Ray instance for this process on this machine: every server bound to
+    127.0.0.1, no dashboard. A ``RuntimeError`` (and no instance) if Ray bound elsewhere."""
+    ray = require_ray()
+    with loopback_stays_loopback(True):
+        ray.init(
+            address=LOCAL_RAY,  # a new instance, even with RAY_ADDRESS set or another running
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address=LOOPBACK,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
+    if addresses != {LOOPBACK}:
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray instance bound to {sorted(addresses)}, not {LOOPBACK}")
+
+
+def _is_loopback(address: str) -> bool:
+    return address.rsplit(":", 1)[0] in _LOOPBACK_HOSTS
+
+
+@contextlib.contextmanager
+def loopback_stays_loopback(active: bool) -> Iterator[None]:
+    """While active, Ray keeps a loopback address as it is. ``ray.init`` resolves a
+    loopback address to the host's outward one (``services.resolve_ip_for_localhost``)
+    except where Ray runs single-node only, as on Windows and macOS; that switch is on
+    for the block (a local instance, or a cluster this machine reaches on 127.0.0.1)."""
+    if not active:
+        yield
+        return
+    from ray._private import ray_constants
+
+    multi_node = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = multi_node
