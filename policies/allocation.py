@@ -135,15 +135,23 @@ class BalancedAllocation:
 
 @ALLOCATION.register("elastic")
 class ElasticAllocation:
-    """Fixed at the start; :meth:`instances_to_add` is the controller's scaling rule.
+    """Fixed at the start; :meth:`instances_to_add` and :meth:`instances_to_retire` are the
+    controller's scaling rule.
 
     ``Δ′`` scales the measured generation time by the stage model's predicted saving from
     ``k`` more instances, so the long tail (which more instances cannot shorten) counts.
+    With ``retire``, ``k`` instances go when generation on ``k`` fewer — the measured time
+    scaled up by the same stage model — would still take no longer than training: then
+    they only idle. The two rules cannot undo each other: an addition leaves generation
+    longer than training (it never overshoots), a retirement leaves it no longer.
     """
 
-    def __init__(self, max_extra_instances: int = 4, instances_per_step: int = 1) -> None:
+    def __init__(
+        self, max_extra_instances: int = 4, instances_per_step: int = 1, retire: bool = False
+    ) -> None:
         self.max_extra_instances = max_extra_instances
         self.instances_per_step = instances_per_step
+        self.retire = retire
         self.added = 0
         self._model: StageModel | None = None
         self._pool: GenerationPool | None = None
@@ -162,6 +170,16 @@ class ElasticAllocation:
             return 0
         self.added += k
         return k
+
+    def instances_to_retire(
+        self, gen_time_s: float, train_time_s: float, num_instances: int
+    ) -> int:
+        k = min(self.instances_per_step, num_instances - 1)
+        if not self.retire or k <= 0:
+            return 0
+        fewer = num_instances - k
+        slower_s = gen_time_s / max(1e-9, 1.0 - self._saving(fewer, k))
+        return k if slower_s <= train_time_s else 0
 
     def _saving(self, num_instances: int, k: int) -> float:
         """Fraction of generation time ``k`` more instances would save."""

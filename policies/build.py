@@ -101,6 +101,7 @@ _ALIASES: dict[str, Callable[[RunSpec], object]] = {
     "objective": lambda s: s.policies.dispatch_objective,
     "target_recall": lambda s: s.policies.predictor_recall,
     "max_extra_instances": lambda s: s.policies.elastic.max_extra_instances,
+    "retire": lambda s: s.policies.elastic.retire,
     "instances_per_step": lambda s: max(
         1, s.policies.elastic.gpus_per_step // s.cluster.generation[0].tp
     ),

@@ -228,6 +228,11 @@ class PipelineSection(_Section):
 class ElasticSection(_Section):
     max_extra_instances: int = count(4, ge=0, le=4096, description="elastic: most instances added")
     gpus_per_step: int = count(8, ge=1, le=4096, description="GPUs added per scale-out (one node)")
+    retire: bool = Field(
+        False,
+        description="elastic: also retire instances (newest first, drained, never the last) "
+        "while generation with fewer would still take no longer than training",
+    )
 
 
 class PoliciesSection(_Section):

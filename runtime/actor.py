@@ -46,6 +46,8 @@ from policies.modes.events import (
     OptimizerStep,
     PushWeights,
     SampleFinished,
+    ScaleIn,
+    ScaleOut,
     Start,
     SwitchContext,
     TrainSamples,
@@ -176,6 +178,10 @@ class Actor:
                 self.spawn(self._push(cmd.version, cmd.inflight))
             elif isinstance(cmd, SwitchContext):
                 self._jobs.put(lambda c=cmd: self._switch(c))
+            elif isinstance(cmd, ScaleOut):
+                self.spawn(self.faults.scale_out(cmd.num_instances))
+            elif isinstance(cmd, ScaleIn):
+                self.faults.retire(cmd.instance_ids)
             elif isinstance(cmd, Finish):
                 return
             else:

@@ -98,7 +98,11 @@ class GenerationClient:
 
     def reconnected(self, base_url: str) -> GenerationClient:
         """A new client for the same instance (a restarted server: fresh connections)."""
-        return GenerationClient(self.instance_id, base_url, self.temperature, self.api_key)
+        return self.for_instance(self.instance_id, base_url)
+
+    def for_instance(self, instance_id: int, base_url: str) -> GenerationClient:
+        """A client with this one's settings for another server (an added instance)."""
+        return GenerationClient(instance_id, base_url, self.temperature, self.api_key)
 
     @property
     def http(self) -> httpx.AsyncClient:

@@ -112,7 +112,7 @@ def _servers(spec, model_dir, token, cores, out_dir, started) -> Servers:
     for s in started:
         wait_healthy(s, live.startup_timeout_s)
     slots = [ServerSlot(s.instance_id, s.base_url, s) for s in started]
-    return Servers(slots, token, start if live.restart_servers else None, live.startup_timeout_s)
+    return Servers(slots, token, start, live.startup_timeout_s, live.restart_servers)
 
 
 def _start_server(spec, model_dir, token, cores, out_dir, i: int) -> ServerProcess:

@@ -181,7 +181,8 @@ def live_policies(
     ranker: LengthPredictor | None = None,
 ) -> RunPolicies:
     """The policies of a live run on ``num_instances`` servers (through the one builder):
-    the truth is each task's reference answer length; no instance is ever added live."""
+    the truth is each task's reference answer length; with ``allocation: elastic`` the
+    actor adds and retires servers as the controller decides."""
     inputs = ExecutorInputs(
         cost_model=live_cost_model(spec),
         prompts=prompts,
@@ -190,6 +191,7 @@ def live_policies(
         truth=lambda r: tasks[r.prompt_id].expected_output_tokens,
         calibration_lengths=[p.expected_output_tokens for p in tasks.prompts],
         ranker=ranker,
+        can_scale_out=True,
     )
     views = instance_views(spec, lambda device: live_kv_capacity_tokens(spec), num_instances)
     return build_policies(spec, inputs, views)

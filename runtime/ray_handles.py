@@ -26,7 +26,9 @@ from runtime.trainer_proc import PushResult, ServerAddr
 
 STOP_TIMEOUT_S = 20.0
 
-MakeServer = Callable[[int], Any]  # instance id -> a new (not yet started) ServerActor handle
+# instance id -> a new, not yet started ServerActor handle (placed first, for an instance
+# the spec does not place: elastic scale-out)
+MakeServer = Callable[[int], Awaitable[Any]]
 
 
 def _one_line(err: BaseException) -> str:
@@ -54,9 +56,13 @@ class RayServers(Servers):
     def can_restart(self) -> bool:
         return self._restarts
 
+    @property
+    def can_add(self) -> bool:
+        return True
+
     async def add(self, instance_id: int) -> ServerSlot:
         """Start server ``instance_id`` as a new actor; returns once it is healthy."""
-        actor = self._make(instance_id)
+        actor = await self._make(instance_id)
         self.actors[instance_id] = actor
         try:
             info: ServerInfo = await actor.start.remote()

@@ -33,7 +33,7 @@ from runtime.errors import LiveRunError
 from runtime.live_run import AfterStep, OnStep, drive, model_dir_for, trainer_config
 from runtime.ray_actors import ServerActor, ServerSettings, TrainerRank
 from runtime.ray_handles import RayServers, RayTrainerGroup
-from runtime.ray_placement import RayPlan, check_plan, label_datacenters, plan
+from runtime.ray_placement import Bundle, RayPlan, ServerPlace, check_plan, label_datacenters, plan
 from runtime.ray_session import ray_session
 from runtime.run_dir import RunDir
 from runtime.server_faults import ServersLost
@@ -51,13 +51,12 @@ def run_on_ray(
     layout = plan(spec, gpu=spec.live.device == "cuda")
     check_plan(spec, layout)
     with ray_session(address) as ray:
-        label = label_datacenters(layout, ray.cluster_resources())
-        groups: list[Any] = []
+        placement = Placement(ray, layout, label_datacenters(layout, ray.cluster_resources()))
         servers: RayServers | None = None
         trainer: RayTrainerGroup | None = None
         try:
-            groups = _placement_groups(ray, layout, label)
-            servers, trainer = _make(ray, spec, run_dir, layout, groups, label)
+            placement.place()
+            servers, trainer = _make(ray, spec, run_dir, placement)
             run = _start_and_drive(spec, run_dir, servers, trainer, length_predictor, after_step, on_step)  # fmt: skip
             return asyncio.run(run)
         except ServersLost as err:
@@ -67,9 +66,7 @@ def run_on_ray(
                 servers.stop_all()
             if trainer is not None:
                 trainer.stop()
-            for group in groups:
-                with contextlib.suppress(Exception):
-                    ray.util.remove_placement_group(group)
+            placement.remove()
 
 
 async def _start_and_drive(spec, run_dir, servers, trainer, length_predictor, after_step, on_step):
@@ -82,59 +79,88 @@ async def _start_and_drive(spec, run_dir, servers, trainer, length_predictor, af
     return await drive(spec, run_dir, trainer, servers, length_predictor, after_step, on_step)
 
 
-def _placement_groups(ray: Any, layout: RayPlan, label: bool) -> list[Any]:
-    """One group per generation pool (spread over nodes), one for the trainer (packed);
-    the last is the trainer's. Waits until every group is placed."""
-    from ray.util.placement_group import placement_group
+class Placement:
+    """The run's placement groups: one per generation pool (spread over nodes), one for
+    the trainer (packed), and one per server added by elastic scale-out."""
 
-    groups = []
-    for p in range(layout.num_pools):
-        bundles = [b.resources(label) for b in layout.pool_bundles(p)]
-        groups.append(placement_group(bundles, strategy="SPREAD", name=f"tandem-gen-{p}"))
-    trainer = [b.resources(label) for b in layout.trainer]
-    groups.append(placement_group(trainer, strategy="PACK", name="tandem-trainer"))
-    names = [f"cluster.generation[{p}]" for p in range(layout.num_pools)] + ["cluster.trainer"]
-    for name, group in zip(names, groups):
-        ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise LiveRunError(
-                f"Ray could not place {name} ({group.bundle_specs}) within "
-                f"{PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.available_resources()}"
-            )
-    return groups
+    def __init__(self, ray: Any, layout: RayPlan, label: bool) -> None:
+        self.ray, self.layout, self.label = ray, layout, label
+        self.pools: list[Any] = []
+        self.trainer: Any = None
+        self.extra: dict[int, Any] = {}  # instance id -> its own group (scale-out)
 
+    def place(self) -> None:
+        """Create the pools' and the trainer's groups; wait until each is placed."""
+        from ray.util.placement_group import placement_group
 
-def _make(ray, spec, run_dir, layout: RayPlan, groups, label: bool):
-    """The (not yet started) servers and trainer ranks, each on its bundle."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        for p in range(self.layout.num_pools):
+            bundles = [b.resources(self.label) for b in self.layout.pool_bundles(p)]
+            self.pools.append(placement_group(bundles, strategy="SPREAD", name=f"tandem-gen-{p}"))
+        ranks = [b.resources(self.label) for b in self.layout.trainer]
+        self.trainer = placement_group(ranks, strategy="PACK", name="tandem-trainer")
+        names = [f"cluster.generation[{p}]" for p in range(len(self.pools))]
+        for name, group in zip([*names, "cluster.trainer"], [*self.pools, self.trainer]):
+            ready, _ = self.ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+            if not ready:
+                raise LiveRunError(
+                    f"Ray could not place {name} ({group.bundle_specs}) within "
+                    f"{PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {self.ray.available_resources()}"
+                )
 
-    def on(group: Any, index: int, resources: dict[str, float]) -> dict[str, Any]:
+    async def server(self, instance_id: int) -> tuple[ServerPlace, dict[str, Any]]:
+        """Where server ``instance_id`` goes and its actor options; an instance the spec
+        does not place (scale-out) gets a group of one bundle of pool 0's shape."""
+        planned = {s.instance_id: s for s in self.layout.servers}
+        if instance_id in planned:
+            place = planned[instance_id]
+            return place, self._on(self.pools[place.pool], place.bundle_index, place.bundle)
+        from ray.util.placement_group import placement_group
+
+        place = dataclasses.replace(self.layout.servers[0], instance_id=instance_id)
+        group = placement_group([place.bundle.resources(self.label)], name=f"tandem-gen-{instance_id}")  # fmt: skip
+        self.extra[instance_id] = group
+        await group.ready()
+        return place, self._on(group, 0, place.bundle)
+
+    def rank(self, rank: int) -> dict[str, Any]:
+        return self._on(self.trainer, rank, self.layout.trainer[rank])
+
+    def _on(self, group: Any, index: int, bundle: Bundle) -> dict[str, Any]:
+        """Actor options: the bundle's resources, on that bundle of ``group``."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+        resources = bundle.resources(self.label)
         custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
         return {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0),
                 "resources": custom, "scheduling_strategy": strategy, "max_restarts": 0}  # fmt: skip
 
+    def remove(self) -> None:
+        for group in [*self.pools, self.trainer, *self.extra.values()]:
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    self.ray.util.remove_placement_group(group)
+
+
+def _make(ray, spec, run_dir, placement: Placement) -> tuple[RayServers, RayTrainerGroup]:
+    """The (not yet started) servers and trainer ranks, each on its bundle."""
     model_dir = model_dir_for(spec)
     token = spec.live.token or secrets.token_hex(16)
-    places = {s.instance_id: s for s in layout.servers}
-    server_actor = ray.remote(ServerActor)
+    server_actor, rank_actor = ray.remote(ServerActor), ray.remote(TrainerRank)
 
-    def make_server(i: int) -> Any:
-        place = places[i]
+    async def make_server(i: int) -> Any:
+        place, options = await placement.server(i)
         settings = _settings(spec, place.pool, model_dir, token, run_dir, place.bundle.num_cpus)
-        options = on(groups[place.pool], place.bundle_index, place.bundle.resources(label))
         return server_actor.options(**options).remote(i, settings)
 
-    live = spec.live
-    servers = RayServers(
-        sorted(places), token, make_server, live.restart_servers, live.startup_timeout_s
-    )
+    live, layout = spec.live, placement.layout
+    planned = [s.instance_id for s in layout.servers]
+    servers = RayServers(planned, token, make_server, live.restart_servers, live.startup_timeout_s)
     config = trainer_config(spec, model_dir)
-    rank_actor = ray.remote(TrainerRank)
-    world, device = len(layout.trainer), "cuda" if spec.live.device == "cuda" else "cpu"
+    world, device = len(layout.trainer), "cuda" if live.device == "cuda" else "cpu"
     ranks = [
-        rank_actor.options(**on(groups[-1], k, b.resources(label))).remote(config, k, world, device)
-        for k, b in enumerate(layout.trainer)
+        rank_actor.options(**placement.rank(k)).remote(config, k, world, device)
+        for k in range(world)
     ]
     return servers, RayTrainerGroup(ranks)
 

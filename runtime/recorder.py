@@ -18,11 +18,12 @@ from policies.tracking import StepUpdate
 
 @dataclass(slots=True, frozen=True)
 class Fault:
-    """A server lost, restarted or rejoined (``faults.json`` of the run directory)."""
+    """A server lost, restarted, added, rejoined or retired (``faults.json`` of the run
+    directory)."""
 
     time_s: float
     instance_id: int
-    event: str  # "lost" | "restarted" | "restart-failed" | "rejoined"
+    event: str  # lost | restarted | restart-failed | added | add-failed | rejoined | retired
     detail: str
     num_resubmitted: int = 0  # lost: its requests, dispatched again to the others
     version: int | None = None  # rejoined: the weight version it serves from then on

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
 from policies.modes.base import Controller
-from policies.modes.events import Command, InstanceAdded, InstanceLost
+from policies.modes.events import Command, InstanceAdded, InstanceLost, InstanceRetired
 from policies.records import InstanceView, Request
 from runtime.errors import LiveRunError, ProcessDied
 from runtime.gen_client import GenerationClient
@@ -31,6 +32,8 @@ from runtime.recorder import Fault, Recorder
 from runtime.supervisor import Servers
 from runtime.trainer_proc import PushResult, TrainerProcess
 
+log = logging.getLogger(__name__)
+
 MAX_PUSH_ATTEMPTS = 3  # a push that finds dead servers goes again without them
 MAX_RESTARTS = 3  # per server and run
 
@@ -38,7 +41,13 @@ MAX_RESTARTS = 3  # per server and run
 class State(StrEnum):
     SERVING = "serving"  # takes requests; in the weight group (from the next push, if new)
     LOST = "lost"  # dead: takes nothing, left out of the next weight group
-    REJOINING = "rejoining"  # restarted and healthy: joins the group at the next push
+    REJOINING = "rejoining"  # restarted or added, healthy: joins the group at the next push
+    STARTING = "starting"  # added (scale-out), its engine starting: not in the group yet
+    RETIRING = "retiring"  # asked to retire: finishes what it runs, takes nothing new
+    RETIRED = "retired"  # drained and stopped: left out of the next weight group
+
+
+IN_GROUP = (State.SERVING, State.REJOINING, State.RETIRING)  # a weight push reaches these
 
 
 class ServersLost(ProcessDied):
@@ -90,8 +99,9 @@ class ServerFaults:
         self._inflight.get(instance_id, {}).pop(request.sample_id, None)
 
     def is_lost(self, instance_id: int) -> bool:
-        """True unless the server is serving (nothing more is taken from it)."""
-        return self._state[instance_id] != State.SERVING
+        """True unless the server is serving or finishing before it retires (nothing more
+        is taken from it)."""
+        return self._state[instance_id] not in (State.SERVING, State.RETIRING)
 
     def mark_lost(self, instance_id: int, cause: str, description: str | None = None) -> None:
         """From now on nothing more is taken from this server; the loop handles the rest."""
@@ -107,7 +117,9 @@ class ServerFaults:
             return
         while True:
             for i, state in list(self._state.items()):
-                if state != State.LOST and self.servers.exited(i):
+                if state not in (State.LOST, State.STARTING, State.RETIRED) and self.servers.exited(
+                    i
+                ):
                     self.mark_lost(i, "its process exited")
             await asyncio.sleep(period_s)
 
@@ -127,7 +139,7 @@ class ServerFaults:
         now = actor.now()
         actor.recorder.lost(i, now, requests[0].iteration if requests else None)
         actor.recorder.fault(Fault(now, i, "lost", description, len(requests)))
-        if not any(state == State.SERVING for state in self._state.values()):
+        if not any(state in (State.SERVING, State.RETIRING) for state in self._state.values()):
             raise ServersLost(description)
         if i in actor.controller.views:
             self._views[i] = actor.controller.views[i]
@@ -174,7 +186,7 @@ class ServerFaults:
         push finds dead are marked lost and the push goes again without them."""
         failures: dict[int, str] = {}
         for _ in range(MAX_PUSH_ATTEMPTS):
-            members = sorted(i for i, s in self._state.items() if s != State.LOST)
+            members = sorted(i for i, s in self._state.items() if s in IN_GROUP)
             if not members:
                 raise ServersLost(f"no generation server left to take weights {version}")
             if (self._group_stale or members != self.members) and not await self._rejoin(members):
@@ -214,6 +226,54 @@ class ServerFaults:
             description = await self._confirm(members[index], reason)
             if description is not None:
                 self.mark_lost(members[index], reason, description)
+
+    # -- elastic generation (the controller's ScaleOut / ScaleIn) ---------------------------
+
+    async def scale_out(self, count: int) -> None:
+        """Start ``count`` new servers; each joins the weight group at the next push and
+        takes work from then on, at that push's version (``InstanceAdded``)."""
+        actor = self.actor
+        if self.servers is None or not self.servers.can_add:
+            log.warning("elastic scale-out asked for, but the run attached to its servers "
+                        "(live.server_urls): none can be added")  # fmt: skip
+            return
+        for _ in range(count):
+            i = max(self._state) + 1
+            self._state[i] = State.STARTING
+            try:
+                slot = await self.servers.add(i)
+            except Exception as err:  # noqa: BLE001 - the run goes on without it
+                detail = " ".join(str(err).split())[:500]
+                actor.recorder.fault(Fault(actor.now(), i, "add-failed", detail))
+                self._state[i] = State.LOST
+                continue
+            template = next(iter(actor.controller.views.values()))
+            self._views[i] = dataclasses.replace(template, instance_id=i)
+            actor.clients[i] = next(iter(actor.clients.values())).for_instance(i, slot.base_url)
+            detail = f"{self.servers.describe(i)} healthy; joins the weight group at the next push"
+            actor.recorder.fault(Fault(actor.now(), i, "added", detail))
+            self._state[i] = State.REJOINING
+
+    def retire(self, instance_ids: tuple[int, ...]) -> None:
+        """Stop each server once the requests it runs have come back (``InstanceRetired``);
+        it leaves the weight group at the next push."""
+        for i in instance_ids:
+            if self._state.get(i) == State.SERVING:
+                self._state[i] = State.RETIRING
+                self.actor.spawn(self._retire_when_drained(i))
+
+    async def _retire_when_drained(self, instance_id: int, period_s: float = 0.05) -> None:
+        while self._inflight.get(instance_id) and self._state[instance_id] == State.RETIRING:
+            await asyncio.sleep(period_s)
+        if self._state[instance_id] != State.RETIRING:
+            return  # lost meanwhile: handled as a loss
+        self._state[instance_id] = State.RETIRED
+        self._group_stale = True
+        if self.servers is not None:
+            await asyncio.to_thread(self.servers.stop, instance_id)
+        actor = self.actor
+        actor.recorder.fault(Fault(actor.now(), instance_id, "retired", "drained and stopped"))
+        actor.post(InstanceRetired(actor.now(), instance_id))
 
     def _welcome(self, version: int) -> None:
         """Servers that were restarted are back, serving the version just pushed."""

@@ -31,19 +31,26 @@ class ServerSlot:
 
 
 class Servers:
-    """Generation servers of one run; ``start(i)`` (re)starts server ``i``'s process."""
+    """Generation servers of one run; ``start(i)`` starts server ``i``'s process (a new
+    one for elastic scale-out, or again after a loss when ``restarts``)."""
 
     def __init__(
         self, slots: list[ServerSlot], token: str | None,
         start: Callable[[int], ServerProcess] | None = None, startup_timeout_s: float = 300.0,
+        restarts: bool = False,
     ) -> None:  # fmt: skip
         self.slots = {s.instance_id: s for s in slots}
         self.token = token
-        self._start = start  # None: no restarts
+        self._start = start  # None: servers the run attached to (none can be started)
+        self._restarts = restarts
         self.startup_timeout_s = startup_timeout_s
 
     @property
     def can_restart(self) -> bool:
+        return self._restarts and self.can_add
+
+    @property
+    def can_add(self) -> bool:
         return self._start is not None
 
     def addr(self, instance_id: int) -> ServerAddr:
@@ -98,12 +105,16 @@ class Servers:
             self.stop(i)
 
     async def restart(self, instance_id: int) -> ServerSlot:
-        """Start server ``instance_id`` again on its port; returns once it is healthy.
+        """Start server ``instance_id`` again on its port; returns once it is healthy."""
+        self.stop(instance_id)
+        return await self.add(instance_id)
+
+    async def add(self, instance_id: int) -> ServerSlot:
+        """Start server ``instance_id``; returns once it is healthy.
 
         The process starts from the event loop's thread (the run's main thread): its
         parent-death signal follows the thread that started it."""
-        assert self._start is not None, "restarts need servers this run started"
-        self.stop(instance_id)
+        assert self._start is not None, "only servers this run started can be added"
         process = self._start(instance_id)
         slot = ServerSlot(instance_id, process.base_url, process)
         self.slots[instance_id] = slot

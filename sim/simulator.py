@@ -23,7 +23,6 @@ from policies.build import (
     ExecutorInputs,
     build_allocation,
     build_policies,
-    instance_view,
     instance_views,
     mode_of,
 )
@@ -35,12 +34,12 @@ from policies.modes.events import (
     Dispatch,
     Event,
     Finish,
-    InstanceAdded,
     OptimizerStep,
     Phase,
     PushWeights,
     RequestsAborted,
     SampleFinished,
+    ScaleIn,
     ScaleOut,
     Start,
     SwitchContext,
@@ -63,6 +62,7 @@ from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.tracking import StepUpdate
+from sim import scaling
 from sim.costs import SimCostModel, build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.sequence import engine_limits
@@ -81,6 +81,8 @@ class _Instance:
     engine: GenerationEngine
     pool: GenerationPool
     start_s: float
+    retiring: bool = False  # asked to retire (ScaleIn): finishing what it runs
+    retired_s: float | None = None  # retired: takes no weight pushes
 
 
 class Simulation:
@@ -199,6 +201,7 @@ class _World:
             PushWeights: self._push_weights,
             SwitchContext: self._switch_context,
             ScaleOut: self._scale_out,
+            ScaleIn: lambda c: scaling.retire(self, c.instance_ids),
             Finish: lambda _: self.done.succeed(),
         }
 
@@ -212,6 +215,7 @@ class _World:
             weights_loaded=lambda i, v: self.emit(WeightsLoaded(to_seconds(self.env.now), i, v)),
             aborted=self._aborted,
             span=self.spans.append,
+            busy=lambda i, working: working or scaling.retire_if_drained(self, i),
         )
         costs = StepCosts(
             law=lambda n, d=device: self.cost.decode_law(d, n),
@@ -314,6 +318,8 @@ class _World:
         source = self.cluster.trainer.datacenter
         used_links: set[str] = set()
         for inst in self.instances.values():
+            if inst.retired_s is not None:
+                continue
             transfer = self._transfer_s(num_bytes, source, inst.pool.datacenter)
             load = self.cost.weight_load_s(Device(inst.pool.hardware, inst.pool.tp))
             in_flight = command.inflight != InflightHandling.BARRIER
@@ -354,18 +360,10 @@ class _World:
         self.emit(ContextSwitched(to_seconds(self.env.now), command.to))
 
     def _scale_out(self, command: ScaleOut) -> None:
-        self.env.process(self._scale_proc(command.num_instances))
-
-    def _scale_proc(self, count: int):  # noqa: ANN202 - SimPy process
-        yield self.env.timeout(to_ticks(self.spec.sim.instance_start_s))
-        pool = self.cluster.generation[0]
-        for _ in range(count):
-            inst = self._add_instance(pool, version=self.controller.latest_version)
-            view = instance_view(
-                inst.engine.config.instance_id, pool, self.cost.kv_capacity_tokens,
-                inst.engine.version,
-            )  # fmt: skip
-            self.emit(InstanceAdded(to_seconds(self.env.now), view))
+        pool, version = self.cluster.generation[0], self.controller.latest_version
+        start_s, kv = self.spec.sim.instance_start_s, self.cost.kv_capacity_tokens
+        proc = scaling.scale_out(self, command.num_instances, start_s, pool, version, self._add_instance, kv)  # fmt: skip
+        self.env.process(proc)
 
     # -- result ---------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import make_spec
+from helpers import make_spec, small_spec
 
 from policies.allocation import (
     ALLOCATION,
@@ -15,6 +15,7 @@ from policies.allocation import (
 from policies.build import build_allocation
 from policies.cluster import ClusterSection
 from policies.protocols import Device
+from sim.simulator import Simulation
 
 
 class UnitCost:
@@ -154,6 +155,31 @@ def test_elastic_adds_nothing_when_more_instances_would_not_help():
     assert e.added == 0
 
 
+def test_elastic_retires_an_instance_only_when_fewer_would_still_keep_up():
+    e = ElasticAllocation(max_extra_instances=2, instances_per_step=1, retire=True)
+    e.allocate(_cluster(4, 4), _InverseModel())  # type: ignore[arg-type]
+    # 4 → 3 instances: generation 60 s · 4/3 = 80 s ≤ 90 s of training → retire one
+    assert e.instances_to_retire(60.0, 90.0, 4) == 1
+    assert e.instances_to_retire(60.0, 79.0, 4) == 0  # 80 s > 79 s: it would lag
+    assert e.instances_to_retire(10.0, 90.0, 1) == 0  # never the last one
+    off = ElasticAllocation(max_extra_instances=2, instances_per_step=1)
+    off.allocate(_cluster(4, 4), _InverseModel())  # type: ignore[arg-type]
+    assert off.instances_to_retire(60.0, 90.0, 4) == 0  # retire is off by default
+
+
+def test_elastic_add_and_retire_do_not_undo_each_other():
+    e = ElasticAllocation(max_extra_instances=8, instances_per_step=1, retire=True)
+    e.allocate(_cluster(4, 4), _InverseModel())  # type: ignore[arg-type]
+    for gen_s, train_s, n in [(100.0, 50.0, 4), (100.0, 90.0, 5), (40.0, 100.0, 4)]:
+        added = e.instances_to_add(gen_s, train_s, n)
+        retired = e.instances_to_retire(gen_s, train_s, n)
+        assert not (added and retired)
+        if added:  # generation on n + added instances would still not beat training
+            assert gen_s * n / (n + added) > train_s
+        if retired:
+            assert gen_s * n / (n - retired) <= train_s
+
+
 def test_elastic_step_size_from_the_spec():
     spec = make_spec(
         {
@@ -168,3 +194,23 @@ def test_elastic_step_size_from_the_spec():
     assert (e.instances_per_step, e.max_extra_instances) == (4, 3)
     # four at a time would exceed the cap of three: only three are added
     assert e.instances_to_add(1000.0, 0.0, 4) == 3
+
+
+def test_a_training_bound_simulation_retires_idle_instances_and_keeps_its_throughput():
+    shape = dict(
+        policies__allocation="elastic", pipeline__mode="one-step-async", run__iterations=8,
+        cluster__generation__0__num_gpus=4, cluster__trainer__num_gpus=1,
+        workload__lognormal_median_tokens=20.0, workload__max_output_tokens=60,
+        algorithm__batch_size=32, algorithm__group_size=4, policies__elastic__gpus_per_step=1,
+    )  # fmt: skip
+    kept = Simulation(small_spec(**shape)).run()
+    retired = Simulation(small_spec(**shape, policies__elastic__retire=True)).run()
+    frame = retired.samples_frame()
+    assert len(frame) == 8 * 32 and frame["sample_id"].is_unique
+    last_dispatch = frame.groupby("instance_id")["dispatch_s"].max()
+    # the newest go first, each after its last request; instance 0 is never retired
+    assert last_dispatch[3] < last_dispatch[2] < last_dispatch[1] < last_dispatch[0]
+    assert kept.samples_frame().groupby("instance_id")["dispatch_s"].max().nunique() == 1
+    assert retired.metrics["throughput_samples_per_s"] == pytest.approx(
+        kept.metrics["throughput_samples_per_s"], rel=0.01
+    )

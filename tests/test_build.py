@@ -124,5 +124,5 @@ def test_the_live_launcher_builds_its_policies_through_the_builder():
         (i, "H20", 2, 16) for i in range(3)
     ]  # the spec's pool, not a hard-coded one
     assert views[0].kv_capacity_tokens == live_kv_capacity_tokens(spec) == 16 * 512
-    assert built.controller._scaling is None  # no instance is ever added live
+    assert built.controller._scaling is built.allocation  # elastic: the actor adds servers live
     assert isinstance(built.dispatch, SkewnessAwareDispatch)

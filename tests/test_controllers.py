@@ -17,11 +17,13 @@ from policies.modes.events import (
     Dispatch,
     Finish,
     InstanceAdded,
+    InstanceRetired,
     OptimizerStep,
     Phase,
     PushWeights,
     RequestsAborted,
     SampleFinished,
+    ScaleIn,
     ScaleOut,
     Start,
     SwitchContext,
@@ -323,6 +325,48 @@ def test_no_second_scale_out_while_one_is_pending():
     assert s.step_done(0, 3.0) == [ScaleOut(1), PushWeights(1, BARRIER)]
     assert s.step_done(1, 4.0) == [PushWeights(2, BARRIER)]  # still waiting for the first
     assert len(rule.calls) == 1
+
+
+class RetireOne:
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float, int]] = []
+
+    def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
+        return 0
+
+    def instances_to_retire(
+        self, gen_time_s: float, train_time_s: float, num_instances: int
+    ) -> int:
+        self.calls.append((gen_time_s, train_time_s, num_instances))
+        return 1
+
+
+def test_elastic_scale_in_drains_the_newest_instance_and_gives_it_nothing_new():
+    rule = RetireOne()
+    s = Script("one-step-async", iterations=3, scaling=rule)
+    s.start()
+    for sid in range(4):
+        s.finish(sid, sid % 2, 1.0 + sid)  # wave 1 goes out: 4, 6 to instance 0; 5, 7 to 1
+    assert s.step_done(0, 5.0) == [ScaleIn((1,)), PushWeights(1, BARRIER)]
+    assert rule.calls == [(4.0, 0.5, 2)]
+    # the retiring instance finishes what it runs; its samples count as any other
+    assert s.finish(5, 1, 5.5) == [] and s.finish(7, 1, 5.6) == []
+    assert s.ctl.handle(InstanceRetired(5.7, 1)) == []
+    assert s.finish(4, 0, 6.0) == []
+    assert s.finish(6, 0, 6.1) == [TrainSamples(1, s.cs(5, 7, 4, 6)), OptimizerStep(1)]
+    # wave 2 waits for instance 0's weights only, and all of it goes there
+    assert s.loaded(0, 1, 6.2) == [Dispatch(0, s.rs(8, 9, 10, 11))]
+    assert list(s.ctl.views) == [0] and s.ctl.retiring == {}
+
+
+def test_the_last_instance_is_never_retired():
+    rule = RetireOne()
+    s = Script("disagg-sync", iterations=2, scaling=rule)
+    s.ctl.views.pop(1)
+    s.start()
+    for sid in range(4):
+        s.finish(sid, 0, 1.0 + sid)
+    assert s.step_done(0, 6.0) == [PushWeights(1, BARRIER)]
 
 
 # -- pipeline mode --------------------------------------------------------------------------

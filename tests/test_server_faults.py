@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+import scripted_scaling
 
 from policies.records import Completion, FinishReason, StepStats
 from policies.spec import load_spec
@@ -52,6 +53,12 @@ class FakeClient:
             version = self.world.served[self.instance_id]
             yield Generated(_completion(r, self.instance_id, version, clock()), "x", (1, 2))
 
+    def for_instance(self, instance_id: int, base_url: str) -> FakeClient:
+        self.world.served[instance_id] = -1  # serves nothing until a push reaches it
+        client = FakeClient(instance_id, self.world)
+        self.world.clients_made.append(client)
+        return client
+
     def reconnected(self, base_url: str) -> FakeClient:
         client = FakeClient(self.instance_id, self.world)
         self.world.clients_made.append(client)
@@ -74,6 +81,7 @@ class FakeWorld:
         self.dead: set[int] = set()
         self.served = dict.fromkeys(range(num_servers), 0)  # instance -> version it serves
         self.clients_made: list[FakeClient] = []
+        self.stopped: list[int] = []
 
 
 class FakeTrainer:
@@ -109,8 +117,12 @@ class FakeTrainer:
 class FakeServers(Servers):
     def __init__(self, world: FakeWorld, restart: bool) -> None:
         slots = [ServerSlot(i, f"http://fake-{i}") for i in world.served]
-        super().__init__(slots, "token", (lambda i: None) if restart else None)
+        super().__init__(slots, "token", (lambda i: None) if restart else None, restarts=restart)
         self.world = world
+
+    @property
+    def can_add(self) -> bool:
+        return True
 
     def exited(self, instance_id: int) -> bool:
         return instance_id in self.world.dead
@@ -121,7 +133,13 @@ class FakeServers(Servers):
         return None
 
     def stop(self, instance_id: int) -> None:
-        pass
+        self.world.stopped.append(instance_id)
+
+    async def add(self, instance_id: int) -> ServerSlot:
+        await asyncio.sleep(0.01)
+        slot = ServerSlot(instance_id, f"http://fake-{instance_id}")
+        self.slots[instance_id] = slot
+        return slot
 
     async def restart(self, instance_id: int):
         await asyncio.sleep(0.01)
@@ -129,11 +147,14 @@ class FakeServers(Servers):
         return SimpleNamespace(base_url=f"http://fake-{instance_id}", proc=SimpleNamespace(pid=7))
 
 
-def _actor(mode: str, num_servers: int, break_after: int, restart: bool, iterations: int = 4):
+def _actor(
+    mode: str, num_servers: int, break_after: int | None, restart: bool, iterations: int = 4,
+    sets: tuple[str, ...] = (),
+):  # fmt: skip
     spec = load_spec(
         CONFIG,
         [f"pipeline.mode={mode}", f"run.iterations={iterations}", f"algorithm.batch_size={BATCH}",
-         f"live.num_servers={num_servers}"],
+         f"live.num_servers={num_servers}", *sets],
     )  # fmt: skip
     world = FakeWorld(num_servers)
     clients = {i: FakeClient(i, world) for i in range(num_servers)}
@@ -209,3 +230,26 @@ def test_a_push_that_finds_a_server_dead_goes_again_without_it():
 
     asyncio.run(scenario())
     assert actor.faults.is_lost(1)
+
+
+def test_elastic_adds_a_server_that_serves_current_weights_then_retires_it_drained():
+    actor, world, trainer, recorder = _actor(
+        "disagg-sync", 2, break_after=None, restart=False, iterations=6,
+        sets=[f"policies.allocation={scripted_scaling.register()}"],
+    )  # fmt: skip
+
+    async def after_step(step: int) -> None:  # hold the trainer until the server is up
+        while step == 1 and not any(f.event == "added" for f in recorder.faults):
+            await asyncio.sleep(0.01)
+
+    actor.after_step = after_step
+    asyncio.run(_run(actor))
+    assert sorted(trainer.trained) == list(range(6 * BATCH))  # each sample once
+    events = [(f.event, f.instance_id) for f in recorder.faults]
+    assert events == [("added", 2), ("rejoined", 2), ("retired", 2)]
+    joined, retired = recorder.faults[1], recorder.faults[2]
+    served = [s for s in recorder.samples.values() if s.instance_id == 2]
+    assert served and all(s.version_start >= joined.version for s in served)
+    assert all(s.gen_end_s <= retired.time_s for s in served)
+    assert world.stopped == [2]
+    assert trainer.joins[-1] == ["http://fake-0", "http://fake-1"]  # left the group

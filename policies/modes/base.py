@@ -15,8 +15,10 @@ from policies.modes.events import (
     Event,
     InstanceAdded,
     InstanceLost,
+    InstanceRetired,
     OptimizerStep,
     SampleFinished,
+    ScaleIn,
     TrainSamples,
     WeightsLoaded,
 )
@@ -36,6 +38,10 @@ class PromptSource(Protocol):
 @runtime_checkable
 class ScalingRule(Protocol):
     def instances_to_add(
+        self, gen_time_s: float, train_time_s: float, num_instances: int
+    ) -> int: ...
+
+    def instances_to_retire(
         self, gen_time_s: float, train_time_s: float, num_instances: int
     ) -> int: ...
 
@@ -70,6 +76,7 @@ class Controller:
         self._predictor = predictor
         self._dispatch = dispatch
         self.views: dict[int, InstanceView] = {v.instance_id: v for v in instances}
+        self.retiring: dict[int, InstanceView] = {}  # asked to retire: finishing, no new work
         self._scaling = scaling
         self.train_step_of: dict[int, int] = {}  # sample id -> optimizer step that trained it
         self._feed: list[Completion] = []  # placed in the current step, not yet sent
@@ -103,7 +110,7 @@ class Controller:
 
     def _note_finished(self, event: SampleFinished) -> Completion:
         c = event.completion
-        view = self.views[c.instance_id]
+        view = self.views.get(c.instance_id) or self.retiring[c.instance_id]
         view.num_assigned -= 1
         view.assigned_tokens -= c.request.predicted_tokens or 0.0
         return c
@@ -133,10 +140,22 @@ class Controller:
     def _on_instance_added(self, event: InstanceAdded) -> None:
         self.views[event.view.instance_id] = event.view
 
+    def _retire(self, count: int) -> list[Command]:
+        """Retire the ``count`` newest instances (never the last one): no more requests
+        go to them; their view stays until ``InstanceRetired``."""
+        ids = sorted(self.views)[-count:] if 0 < count < len(self.views) else []
+        for i in ids:
+            self.retiring[i] = self.views.pop(i)
+        return [ScaleIn(tuple(ids))] if ids else []
+
+    def _on_instance_retired(self, event: InstanceRetired) -> None:
+        self.retiring.pop(event.instance_id, None)
+
     def _on_instance_lost(self, event: InstanceLost) -> list[Command]:
         """Forget the instance; send the requests it was running to the others (the same
         requests: sample ids, groups and iterations stay theirs)."""
         self.views.pop(event.instance_id, None)
+        self.retiring.pop(event.instance_id, None)
         if not event.requests or not self.views:
             return []
         return self._dispatch_to(list(event.requests), self._resubmit_views())

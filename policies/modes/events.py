@@ -77,6 +77,14 @@ class InstanceAdded:
     view: InstanceView
 
 
+@dataclass(frozen=True, slots=True)
+class InstanceRetired:
+    """An instance asked to retire (``ScaleIn``) has finished what it ran and stopped."""
+
+    time_s: float
+    instance_id: int
+
+
 Event = (
     Start
     | SampleFinished
@@ -86,6 +94,7 @@ Event = (
     | WeightsLoaded
     | ContextSwitched
     | InstanceAdded
+    | InstanceRetired
 )
 
 # -- commands -----------------------------------------------------------------------
@@ -131,8 +140,19 @@ class ScaleOut:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleIn:
+    """Retire these instances: they get no more requests, finish the ones they run (no
+    request is dropped), then stop; the executor answers ``InstanceRetired`` for each."""
+
+    instance_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     pass
 
 
-Command = Dispatch | TrainSamples | OptimizerStep | PushWeights | SwitchContext | ScaleOut | Finish
+Command = (
+    Dispatch | TrainSamples | OptimizerStep | PushWeights | SwitchContext | ScaleOut | ScaleIn
+    | Finish
+)

@@ -24,6 +24,7 @@ from policies.modes.events import (
     Finish,
     InstanceAdded,
     InstanceLost,
+    InstanceRetired,
     Phase,
     PushWeights,
     SampleFinished,
@@ -59,6 +60,7 @@ class WaveController(Controller):
             ContextSwitched: self._on_switched,
             InstanceAdded: self._on_added,
             InstanceLost: self._on_lost,
+            InstanceRetired: self._on_retired,
         }
 
     # -- handlers ----------------------------------------------------------------------
@@ -116,6 +118,11 @@ class WaveController(Controller):
         self._scale_pending = False
         return self._maybe_start_wave(event.time_s)
 
+    def _on_retired(self, event: InstanceRetired) -> list[Command]:
+        self._on_instance_retired(event)
+        self._scale_pending = False
+        return self._maybe_start_wave(event.time_s)
+
     def _on_lost(self, event: InstanceLost) -> list[Command]:
         """Its requests go to the others and still count for their wave; the next wave no
         longer waits for the lost instance's weights."""
@@ -149,8 +156,10 @@ class WaveController(Controller):
             return []
         stats = event.stats
         train_s = stats.busy_s if stats.busy_s is not None else stats.end_s - stats.start_s
-        add = self._scaling.instances_to_add(self.wave_gen_time_s[step], train_s, len(self.views))
-        if add <= 0:
-            return []
-        self._scale_pending = True
-        return [ScaleOut(add)]
+        gen_s, n = self.wave_gen_time_s[step], len(self.views)
+        add = self._scaling.instances_to_add(gen_s, train_s, n)
+        out: list[Command] = [ScaleOut(add)] if add > 0 else []
+        if not out:
+            out = self._retire(self._scaling.instances_to_retire(gen_s, train_s, n))
+        self._scale_pending = bool(out)
+        return out

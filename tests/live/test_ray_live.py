@@ -1,18 +1,27 @@
-"""A live run on a two-node Ray cluster inside this machine (issue #17), every node on
-127.0.0.1: live-tiny with 2 vLLM servers on the node of datacenter dc0 and 2 FSDP2
-trainer ranks on the node of dc1. The run is stopped by a failure after step 1 and
-resumed from its sharded checkpoint: together the two parts generate and train every
-sample exactly once, each process lands on its datacenter's node, and after every weight
-update every server serves exactly the trainer's weights."""
+"""Live runs on a two-node Ray cluster inside this machine (issue #17), every node on
+127.0.0.1, datacenter dc0 on one node and dc1 on the other.
+
+* live-tiny with 2 vLLM servers on dc0 and 2 FSDP2 trainer ranks on dc1, stopped by a
+  failure after step 1 and resumed from its sharded checkpoint: together the two parts
+  generate and train every sample exactly once, each process lands on its datacenter's
+  node, and after every weight update every server serves exactly the trainer's weights;
+* elastic generation: a scripted scaling rule adds a server after step 0 and retires it
+  two decisions after it joined; no sample is lost or trained twice, the added server
+  serves only weights at least as new as the push it joined with, and it is stopped.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import time
 from pathlib import Path
 
 import httpx
 import pandas as pd
 import pytest
+import scripted_scaling
 
 from policies.spec import load_spec
 from runtime.launcher import run_live
@@ -121,3 +130,48 @@ def test_two_servers_and_two_trainer_ranks_on_two_nodes_resume_exactly(
     # versions 0 (the start), 1 (then the failure), 2 (the resume's start), 3; 2 servers
     assert [v for v, _ in served_weights] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert all(same for _, same in served_weights), served_weights
+
+
+def _faults(out: Path) -> list[dict]:
+    path = out / "faults.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(900)
+def test_an_elastic_run_adds_a_server_then_retires_it_drained(cluster, token, tmp_path):
+    address, _ = cluster
+    out, steps = tmp_path / "elastic", 6
+    spec = load_spec(
+        CONFIG,
+        ["pipeline.mode=disagg-sync", f"run.iterations={steps}", f"algorithm.batch_size={BATCH}",
+         "cluster.generation.0.datacenter=dc0", "cluster.trainer.datacenter=dc1",
+         f"policies.allocation={scripted_scaling.register()}", f"live.token={token}"],
+    )  # fmt: skip
+
+    async def hold_until_added(step: int) -> None:  # the new engine takes ~40 s to start
+        deadline = time.monotonic() + 400
+        while step == 1 and not any(f["event"] == "added" for f in _faults(out)):
+            assert time.monotonic() < deadline, "the added server never came up"
+            await asyncio.sleep(0.5)
+
+    run_live(spec, out, after_step=hold_until_added, ray_address=address)
+    faults = _faults(out)
+    assert [(f["event"], f["instance_id"]) for f in faults] == [
+        ("added", 1), ("rejoined", 1), ("retired", 1)
+    ]  # fmt: skip
+    added, joined, retired = faults
+    samples = pd.read_parquet(out / "samples.parquet")
+    assert len(samples) == steps * BATCH and samples["sample_id"].is_unique
+    assert samples["train_step"].notna().all()
+    served = samples[samples["instance_id"] == 1]
+    assert len(served) > 0 and (served["version_start"] >= joined["version"]).all()
+    assert (served["gen_end_s"] <= retired["time_s"]).all()
+    pid = int(re.search(r"pid (\d+)", added["detail"]).group(1))
+    assert not _alive(pid), "the retired server's process is still running"
