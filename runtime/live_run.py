@@ -85,6 +85,15 @@ def model_dir_for(spec: RunSpec) -> str:
     return str(ensure_tiny_model(spec.run.seed))
 
 
+def live_device(spec: RunSpec) -> str:
+    """``cuda`` or ``cpu``: ``live.device``, with ``auto`` resolved on this machine."""
+    if spec.live.device != "auto":
+        return spec.live.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
     """The trainer's settings from a spec (shared with the profiler)."""
     a = spec.algorithm
@@ -93,7 +102,7 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
         learning_rate=a.learning_rate, clip_epsilon=a.clip_epsilon, kl_coef=a.kl_coef,
         seed=spec.run.seed, num_threads=spec.live.trainer_threads,
         micro_batch_samples=spec.live.micro_batch_samples,
-        keep_checkpoints=spec.live.keep_checkpoints,
+        keep_checkpoints=spec.live.keep_checkpoints, device=live_device(spec),
     )  # fmt: skip
 
 
@@ -113,7 +122,7 @@ async def drive(
         recorder = Recorder.resumed(position)
     recorder.on_fault = run_dir.append_fault  # faults.json is current during the run
     ids = sorted(servers.slots)
-    backend = "nccl" if spec.live.device == "cuda" else "gloo"
+    backend = "nccl" if live_device(spec) == "cuda" else "gloo"
     host = spec.live.host
     log.info("joining the weight group (%s) with %d server(s)", backend, len(ids))
     await trainer.join_group([servers.addr(i) for i in ids], host, free_port(host), backend)
@@ -162,7 +171,7 @@ def make_actor(
         group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
         checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
         weight_host=spec.live.host,
-        weight_backend="nccl" if spec.live.device == "cuda" else "gloo",
+        weight_backend="nccl" if live_device(spec) == "cuda" else "gloo",
         num_steps=spec.run.iterations,
     )  # fmt: skip
     predictor = policies.predictor

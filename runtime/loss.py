@@ -91,6 +91,6 @@ def rl_loss(
         r = logp_ref - logp
         kl_tok = torch.exp(r) - r - 1.0
         per_token = per_token + kl_coef * kl_tok
-        kl = float((kl_tok * mask).sum() / mask.sum().clamp(min=1))
+        kl = float((kl_tok.detach() * mask).sum() / mask.sum().clamp(min=1))
     loss = (per_token * mask).sum() / num_sequences
     return LossOutput(loss, ratio.detach()[mask.bool()], kl)

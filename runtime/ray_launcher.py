@@ -30,7 +30,7 @@ from policies.protocols import LengthPredictor
 from policies.results import RunResult
 from policies.spec import RunSpec
 from runtime.errors import LiveRunError
-from runtime.live_run import AfterStep, OnStep, drive, model_dir_for, trainer_config
+from runtime.live_run import AfterStep, OnStep, drive, live_device, model_dir_for, trainer_config
 from runtime.ray_actors import ServerActor, ServerSettings, TrainerRank
 from runtime.ray_handles import RayServers, RayTrainerGroup
 from runtime.ray_placement import Bundle, RayPlan, ServerPlace, check_plan, label_datacenters, plan
@@ -48,7 +48,7 @@ def run_on_ray(
     after_step: AfterStep | None, on_step: OnStep | None,
 ) -> RunResult:  # fmt: skip
     """Place, start, run and remove the run's actors on the cluster at ``address``."""
-    layout = plan(spec, gpu=spec.live.device == "cuda")
+    layout = plan(spec, gpu=live_device(spec) == "cuda")
     check_plan(spec, layout)
     with ray_session(address) as ray:
         placement = Placement(ray, layout, label_datacenters(layout, ray.cluster_resources()))
@@ -157,7 +157,7 @@ def _make(ray, spec, run_dir, placement: Placement) -> tuple[RayServers, RayTrai
     planned = [s.instance_id for s in layout.servers]
     servers = RayServers(planned, token, make_server, live.restart_servers, live.startup_timeout_s)
     config = trainer_config(spec, model_dir)
-    world, device = len(layout.trainer), "cuda" if live.device == "cuda" else "cpu"
+    world, device = len(layout.trainer), config.device
     ranks = [
         rank_actor.options(**placement.rank(k)).remote(config, k, world, device)
         for k in range(world)

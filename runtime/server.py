@@ -191,6 +191,9 @@ def mount_contract(app: FastAPI, control: ServerControl, policy: GuardPolicy) ->
     app.middleware_stack = None
 
 
+GPU_SHARE_ENV = "TANDEM_GPU_MEMORY_UTILIZATION"  # vLLM's share of a GPU (its default: 0.9)
+
+
 def vllm_args(
     model_dir: str, host: str, port: int, max_model_len: int, max_num_seqs: int
 ) -> argparse.Namespace:
@@ -198,6 +201,8 @@ def vllm_args(
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser())
+    # on a GPU shared with the trainer (scripts/gpu-check.sh), leave it room
+    share = os.environ.get(GPU_SHARE_ENV)
     return parser.parse_args(
         [
             "--model", model_dir, "--host", host, "--port", str(port),
@@ -206,6 +211,7 @@ def vllm_args(
             "--worker-extension-cls", "runtime.weight_sync.WeightReceiver",
             "--disable-uvicorn-access-log", "--max-logprobs", "1",
             "--max-num-seqs", str(max_num_seqs), "--scheduling-policy", "priority",
+            *(["--gpu-memory-utilization", share] if share else []),
         ]
     )  # fmt: skip
 

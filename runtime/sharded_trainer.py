@@ -22,6 +22,7 @@ The frozen reference model (``kl_coef > 0``) is not sharded: every rank holds a 
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -37,7 +38,12 @@ from runtime.sharded_checkpoint import ShardedCheckpointInfo, load_dcp, save_dcp
 from runtime.trainer import Trainer, TrainerConfig, TrainItem, _StepAccumulator, token_logprobs
 from runtime.weight_sync import master_store, params_meta
 
-GROUP_TIMEOUT_S = 300.0  # a collective that waits longer than this on a rank fails
+GROUP_TIMEOUT_S = 300.0
+LOOPBACK_HOSTS = (
+    "127.0.0.1",
+    "localhost",
+    "::1",
+)  # a collective that waits longer than this on a rank fails
 
 
 def init_trainer_group(
@@ -51,6 +57,10 @@ def init_trainer_group(
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in 0 .. {world_size - 1}")
     timeout = timedelta(seconds=timeout_s)
+    if backend == "gloo" and host in LOOPBACK_HOSTS:
+        # gloo picks its data sockets' interface from the host name, not from the store:
+        # ranks that meet on the loopback address talk over it too
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if rank == 0:
         store = master_store(host, port, world_size, timeout)
     else:

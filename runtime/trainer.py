@@ -37,6 +37,7 @@ class TrainerConfig:
     num_threads: int = 1
     micro_batch_samples: int = 8  # samples per forward/backward (a call is split into these)
     keep_checkpoints: int = 0  # per-step checkpoints kept beside last.pt (runtime.checkpoints)
+    device: str = "cpu"  # cpu or cuda (the model and its step run there)
 
 
 @dataclass(slots=True, frozen=True)
@@ -112,10 +113,11 @@ class Trainer:
         self.model = AutoModelForCausalLM.from_pretrained(
             self.config.model_dir, dtype=torch.float32
         )
-        self.model.train()
+        self.model.to(self.config.device).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.learning_rate)
         if self.config.kl_coef > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.config.model_dir).eval()
+            ref = AutoModelForCausalLM.from_pretrained(self.config.model_dir)
+            self.ref_model = ref.to(self.config.device).eval()
 
     # -- forward / backward ----------------------------------------------------------
 

@@ -42,7 +42,10 @@ class FakeLive:
     def __init__(self) -> None:
         self.predictors: list = []
 
-    def __call__(self, spec, out_dir, length_predictor=None, on_step=None, force_new_spec=False):
+    def __call__(
+        self, spec, out_dir, length_predictor=None, on_step=None, force_new_spec=False,
+        ray_address=None,
+    ):  # fmt: skip
         self.predictors.append(length_predictor)
         result = Simulation(spec, ranker=ranker_for(spec)).run(on_step=on_step)
         result.save(out_dir)

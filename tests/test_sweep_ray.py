@@ -10,7 +10,6 @@ process of its own, which starts and shuts down a Ray of its own.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from proc_view import alive, cmdline, descendants, off_loopback, tcp_sockets, wait_until
 
 from experiments import cli
 from experiments.cli import main
@@ -90,77 +90,9 @@ def _row(out: Path, index: int) -> dict:
 # --- processes and sockets, from /proc --------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                kids = [int(c) for c in (task / "children").read_text().split()]
-                out += kids
-                todo += kids
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-
-
 def _point_tasks(pid: int) -> list[int]:
     """Processes below ``pid`` running a sweep point (a Ray worker inside point_task)."""
-    return [p for p in _descendants(pid) if _cmdline(p).startswith(TASK_TITLE)]
-
-
-def _wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").glob("*"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    return inodes
-
-
-def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """An address of /proc/net/tcp{,6}: 32-bit words in host (little-endian) order."""
-    raw = bytes.fromhex(hex_address.split(":")[0])
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return ipaddress.ip_address(words)
-
-
-def _is_loopback(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
-
-
-def _tcp_sockets(inodes: set[str]) -> list[tuple[str, str, str]]:
-    """(state, local, remote) of the TCP sockets with these inodes (hex as in /proc)."""
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[9] in inodes:
-                out.append((fields[3], fields[1], fields[2]))
-    return out
+    return [p for p in descendants(pid) if cmdline(p).startswith(TASK_TITLE)]
 
 
 # --- tests that run the CLI in a process of its own (its own Ray) -----------------------
@@ -177,18 +109,18 @@ def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_pa
     )  # fmt: skip
     started: list[int] = []
     try:
-        assert _wait_until(lambda: len(_point_tasks(proc.pid)) == 2, 120), "no point started"
-        started = [p for p in _descendants(proc.pid) if _alive(p)]  # Ray's servers too
+        assert wait_until(lambda: len(_point_tasks(proc.pid)) == 2, 120), "no point started"
+        started = [p for p in descendants(proc.pid) if alive(p)]  # Ray's servers too
         os.kill(proc.pid, sig)
         code = proc.wait(timeout=60)
         assert code == (130 if sig == signal.SIGINT else -signal.SIGKILL)
         # Ctrl-C: the sweep cancels its tasks and shuts its Ray down; killed: Ray's reaper
         # stops the node, and its workers exit with it
         may_linger = () if sig == signal.SIGINT else AGENTS
-        must_go = [p for p in started if not _cmdline(p).startswith(may_linger)]
+        must_go = [p for p in started if not cmdline(p).startswith(may_linger)]
         assert len(must_go) >= 4  # the point tasks, gcs_server, raylet, ...
-        assert _wait_until(lambda: not any(_alive(p) for p in must_go), 30), [
-            _cmdline(p)[:80] for p in must_go if _alive(p)
+        assert wait_until(lambda: not any(alive(p) for p in must_go), 30), [
+            cmdline(p)[:80] for p in must_go if alive(p)
         ]
     finally:
         for p in [proc.pid, *started]:  # whatever outlived the sweep
@@ -217,14 +149,11 @@ def test_without_ray_installed_the_sweep_stops_at_once_naming_the_extra(
 
 def test_the_local_ray_binds_every_server_to_127_0_0_1(ray_node):
     assert {n["NodeManagerAddress"] for n in ray_node.nodes()} == {"127.0.0.1"}
-    ray_pids = _descendants(os.getpid())  # gcs_server, raylet, the agents, the workers
-    assert any("gcs_server" in _cmdline(p) for p in ray_pids)
-    sockets = _tcp_sockets(set().union(*(_socket_inodes(p) for p in [os.getpid(), *ray_pids])))
+    ray_pids = descendants(os.getpid())  # gcs_server, raylet, the agents, the workers
+    assert any("gcs_server" in cmdline(p) for p in ray_pids)
+    sockets = tcp_sockets([os.getpid(), *ray_pids])
     assert any(state == "0A" for state, _, _ in sockets)  # listening servers were found
-    for state, local, remote in sockets:
-        assert _is_loopback(_address(local)), (state, _address(local))
-        remote_ip = _address(remote)
-        assert remote_ip.is_unspecified or _is_loopback(remote_ip), (state, remote_ip)
+    assert off_loopback([os.getpid(), *ray_pids]) == []
 
 
 def test_a_ray_sweep_gives_the_local_sweeps_results_exactly(ray_node, spec_path, tmp_path):
@@ -277,7 +206,7 @@ def test_a_point_over_its_time_under_ray_is_cancelled_and_recorded(
     assert _row(out, 0)["error"] is None
     assert _row(out, 1)["error"] == "TimeoutError: point took over 3 s (stopped)"
     # ray.cancel(force=True) killed the worker running it
-    assert _wait_until(lambda: _point_tasks(os.getpid()) == [], 15)
+    assert wait_until(lambda: _point_tasks(os.getpid()) == [], 15)
 
 
 def test_a_second_ray_sweep_into_the_same_out_skips_the_points_done(

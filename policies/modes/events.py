@@ -153,6 +153,12 @@ class Finish:
 
 
 Command = (
-    Dispatch | TrainSamples | OptimizerStep | PushWeights | SwitchContext | ScaleOut | ScaleIn
+    Dispatch
+    | TrainSamples
+    | OptimizerStep
+    | PushWeights
+    | SwitchContext
+    | ScaleOut
+    | ScaleIn
     | Finish
 )

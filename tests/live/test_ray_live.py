@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ import httpx
 import pandas as pd
 import pytest
 import scripted_scaling
+from proc_view import alive, descendants, off_loopback
 
 from policies.spec import load_spec
 from runtime.launcher import run_live
@@ -113,7 +115,16 @@ def test_two_servers_and_two_trainer_ranks_on_two_nodes_resume_exactly(
         run_live(spec, out, after_step=stop_after_step_1, ray_address=address)
     assert (out / "checkpoints" / "last.dcp").is_dir()
     first = json.loads((out / "logs" / "placement.json").read_text())
-    result = run_live(spec, out, ray_address=address)  # resumes after step 1
+    off: list = []
+
+    async def sockets_at_step_2(step: int) -> None:  # every Ray process, server and rank up
+        if step == 2:
+            pids = [os.getpid(), *descendants(os.getpid())]
+            assert len(pids) > 8, "the run's processes are not below the test process"
+            off.extend(off_loopback(pids))
+
+    result = run_live(spec, out, after_step=sockets_at_step_2, ray_address=address)  # resumes
+    assert off == [], off  # every socket of the run on 127.0.0.1
 
     placement = json.loads((out / "logs" / "placement.json").read_text())
     for placed in (first, placement):
@@ -135,13 +146,6 @@ def test_two_servers_and_two_trainer_ranks_on_two_nodes_resume_exactly(
 def _faults(out: Path) -> list[dict]:
     path = out / "faults.json"
     return json.loads(path.read_text()) if path.exists() else []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.timeout(900)
@@ -174,4 +178,4 @@ def test_an_elastic_run_adds_a_server_then_retires_it_drained(cluster, token, tm
     assert len(served) > 0 and (served["version_start"] >= joined["version"]).all()
     assert (served["gen_end_s"] <= retired["time_s"]).all()
     pid = int(re.search(r"pid (\d+)", added["detail"]).group(1))
-    assert not _alive(pid), "the retired server's process is still running"
+    assert not alive(pid), "the retired server's process is still running"

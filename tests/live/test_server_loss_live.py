@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from proc_view import alive, descendants
 
 from policies.spec import load_spec
 from runtime.launcher import run_live
@@ -29,27 +30,6 @@ pytestmark = pytest.mark.live
 
 CONFIG = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "live-tiny.yaml"
 STEPS, BATCH = 6, 16
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _faults(out: Path) -> list[dict]:
@@ -79,7 +59,7 @@ def test_a_killed_server_costs_the_run_nothing(server, token, second_server, tmp
          f"live.server_urls=[{server},{second_server.base_url}]", f"live.token={token}"],
     )  # fmt: skip
     frontend = second_server.proc.pid
-    engine = _descendants(frontend)  # vLLM's engine core and worker
+    engine = descendants(frontend)  # vLLM's engine core and worker
 
     async def after_step(step: int) -> None:
         if step == 1:
@@ -89,9 +69,9 @@ def test_a_killed_server_costs_the_run_nothing(server, token, second_server, tmp
 
     assert len(engine) >= 2
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(p) for p in engine):
+    while time.monotonic() < deadline and any(alive(p) for p in engine):
         time.sleep(0.1)
-    assert not any(_alive(p) for p in engine)  # before: they ran on for minutes
+    assert not any(alive(p) for p in engine)  # before: they ran on for minutes
     faults = _faults(out)
     assert [(f["event"], f["instance_id"]) for f in faults] == [("lost", 1)], faults
     assert second_server.base_url in faults[0]["detail"]
