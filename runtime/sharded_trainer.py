@@ -170,14 +170,12 @@ class ShardedTrainer(Trainer):
         start = time.perf_counter()
         acc = self._acc
         acc.start_s = now_s if acc.start_s is None else acc.start_s
-        ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.output_ids))
-        size = self.config.micro_batch_samples
-        batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+        batches = self.micro_batches(items)
         mine = batches[self.rank :: self.world_size]
         num_passes = -(-len(batches) // self.world_size)
         loss = sum(self._micro_batch(b) for b in mine)
         for _ in range(num_passes - len(mine)):
-            self._idle_pass(ordered[0])
+            self._idle_pass(batches[0][0])
         acc.busy_s += time.perf_counter() - start
         return self._sum_over_ranks(loss)
 
@@ -195,13 +193,7 @@ class ShardedTrainer(Trainer):
     def step(self, step: int, now_s: float) -> StepStats:
         """Collective: clip the summed gradient by its global norm, apply it; the step's
         statistics over all ranks (the same on every rank)."""
-        start = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.version = step + 1
-        acc, self._acc = self._acc, _StepAccumulator()
-        busy_s = acc.busy_s + time.perf_counter() - start
+        acc, busy_s = self.apply_gradient(step)
         share = StepShare.of(acc, busy_s, self.config.algorithm, self.config.clip_epsilon)
         shares: list[Any] = [None] * self.world_size
         dist.all_gather_object(shares, share)

@@ -130,11 +130,15 @@ class Trainer:
         start = time.perf_counter()
         acc = self._acc
         acc.start_s = now_s if acc.start_s is None else acc.start_s
-        ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.output_ids))
-        size = self.config.micro_batch_samples
-        loss = sum(self._micro_batch(ordered[i : i + size]) for i in range(0, len(ordered), size))
+        loss = sum(self._micro_batch(batch) for batch in self.micro_batches(items))
         acc.busy_s += time.perf_counter() - start
         return loss
+
+    def micro_batches(self, items: list[TrainItem]) -> list[list[TrainItem]]:
+        """``items`` by length, cut into micro-batches of ``micro_batch_samples``."""
+        ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.output_ids))
+        size = self.config.micro_batch_samples
+        return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
     def _micro_batch(self, items: list[TrainItem]) -> float:
         logp, mask = token_logprobs(self.model, items)
@@ -169,15 +173,20 @@ class Trainer:
         acc.lags += [self.version - it.version_start for it in items]
         acc.weights.append(weights)
 
-    def step(self, step: int, now_s: float) -> StepStats:
-        """Clip, apply and clear the accumulated gradient; the version becomes ``step + 1``."""
+    def apply_gradient(self, step: int) -> tuple[_StepAccumulator, float]:
+        """Clip, apply and clear the accumulated gradient (the version becomes ``step + 1``);
+        the step's accumulator and its busy seconds."""
         start = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version = step + 1
         acc, self._acc = self._acc, _StepAccumulator()
-        busy_s = acc.busy_s + time.perf_counter() - start
+        return acc, acc.busy_s + time.perf_counter() - start
+
+    def step(self, step: int, now_s: float) -> StepStats:
+        """Apply the accumulated gradient; the step's statistics."""
+        acc, busy_s = self.apply_gradient(step)
         weights = torch.cat(acc.weights) if acc.weights else torch.ones(0)
         return StepStats(
             step=step,

@@ -207,3 +207,16 @@ def write_cost_model(path: Path, **operators: tuple[list[str], list[float]]) -> 
     path.mkdir(parents=True, exist_ok=True)
     (path / "cost_model.json").write_text(json.dumps(doc))
     return path
+
+
+# A small spec file for the CLI (sweeps, runs): 7B on H800, two iterations of 8 samples.
+SMALL_YAML = """
+run: {name: tiny, iterations: 2, seed: 3}
+cluster:
+  generation: [{hardware: H800, num_gpus: 2, max_num_seqs: 32}]
+  trainer: {hardware: H800, num_gpus: 2}
+workload: {kind: lognormal, max_output_tokens: 300, lognormal_median_tokens: 80, num_prompts: 32}
+algorithm: {name: grpo, batch_size: 8, group_size: 2}
+pipeline: {mode: disagg-sync}
+policies: {allocation: fixed}
+"""

@@ -7,7 +7,14 @@ import re
 
 import pandas as pd
 import pytest
-from helpers import ALL_MODES, METRICS_KEYS, SAMPLE_COLUMNS, SPAN_COLUMNS, STALENESS_BOUND
+from helpers import (
+    ALL_MODES,
+    METRICS_KEYS,
+    SAMPLE_COLUMNS,
+    SMALL_YAML,
+    SPAN_COLUMNS,
+    STALENESS_BOUND,
+)
 
 from experiments import cli
 from experiments.cli import main
@@ -16,16 +23,6 @@ from policies.spec import load_spec
 
 SPAN_KINDS = {"prefill", "decode", "train", "weight_sync", "context_switch", "idle"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SMALL_YAML = """
-run: {name: tiny, iterations: 2, seed: 3}
-cluster:
-  generation: [{hardware: H800, num_gpus: 2, max_num_seqs: 32}]
-  trainer: {hardware: H800, num_gpus: 2}
-workload: {kind: lognormal, max_output_tokens: 300, lognormal_median_tokens: 80, num_prompts: 32}
-algorithm: {name: grpo, batch_size: 8, group_size: 2}
-pipeline: {mode: disagg-sync}
-policies: {allocation: fixed}
-"""
 
 
 def _flat(text: str) -> str:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_view import alive, descendants
 
 from runtime.errors import ProcessDied, describe_exit
 from runtime.procs import ServerProcess, group_alive, stop_server
@@ -27,34 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _wait_gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
     """The pids still alive after waiting up to ``timeout_s`` for them to exit."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
+    return [p for p in pids if alive(p)]
 
 
 def _wait_for_line(proc: subprocess.Popen, timeout_s: float = 120.0) -> str:
@@ -75,13 +54,13 @@ def test_stop_server_kills_the_whole_group_when_its_leader_is_already_dead(tmp_p
     cmd = ["sh", "-c", "sleep 300 & sleep 300 & wait"]  # a leader with two children
     proc = subprocess.Popen(cmd, start_new_session=True)
     for _ in range(100):
-        if len(_descendants(proc.pid)) == 2:
+        if len(descendants(proc.pid)) == 2:
             break
         time.sleep(0.02)
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)  # the API server dies, its engine processes run on
     proc.wait()
-    assert all(_alive(c) for c in children)
+    assert all(alive(c) for c in children)
     stop_server(ServerProcess(0, "http://127.0.0.1:1", proc, tmp_path / "log"), grace_s=5)
     assert _wait_gone(children, 5) == [] and not group_alive(proc.pid)
 
@@ -174,7 +153,7 @@ def test_sweep_workers_die_with_the_sweep(tmp_path):
     workers: list[int] = []
     try:
         for _ in range(600):
-            workers = [p for p in _descendants(proc.pid) if _alive(p)]
+            workers = [p for p in descendants(proc.pid) if alive(p)]
             if len(workers) >= 2:
                 break
             time.sleep(0.1)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import SMALL_YAML
 from proc_view import alive, cmdline, descendants, off_loopback, tcp_sockets, wait_until
 
 from experiments import cli
@@ -34,16 +35,6 @@ pytestmark = pytest.mark.timeout(300)  # a sweep that never ends fails instead o
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-TINY_YAML = """
-run: {name: tiny, iterations: 2, seed: 3}
-cluster:
-  generation: [{hardware: H800, num_gpus: 2, max_num_seqs: 32}]
-  trainer: {hardware: H800, num_gpus: 2}
-workload: {kind: lognormal, max_output_tokens: 300, lognormal_median_tokens: 80, num_prompts: 32}
-algorithm: {name: grpo, batch_size: 8, group_size: 2}
-pipeline: {mode: disagg-sync}
-policies: {allocation: fixed}
-"""
 LONG = 100_000  # iterations of the tiny spec: minutes, far over any timeout here
 TASK_TITLE = "ray::point_task"  # a Ray worker's command line while it runs a point
 # Ray's per-node agents: they run no task, and when the node dies under them (its driver
@@ -54,7 +45,7 @@ AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 @pytest.fixture(scope="module")
 def spec_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("spec") / "tiny.yaml"
-    path.write_text(TINY_YAML)
+    path.write_text(SMALL_YAML)
     return path
 
 
