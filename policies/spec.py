@@ -6,7 +6,6 @@ Unknown keys, wrong types and impossible values are errors that name the key
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -23,13 +22,11 @@ from policies.modes import MODES
 from policies.predictors import PREDICTORS
 from policies.records import InflightHandling
 from policies.scheduling import SCHEDULING
-from policies.spec_yaml import read_yaml
+from policies.sim_section import SimSection
+from policies.spec_yaml import SpecError, apply_overrides, parse_override, read_yaml
 
-__all__ = ["LiveSection", "read_yaml"]  # re-exported: their homes are small modules
-
-
-class SpecError(ValueError):
-    """A spec that cannot be run; the message names the offending key."""
+# re-exported: their homes are small modules
+__all__ = ["LiveSection", "SpecError", "apply_overrides", "parse_override", "read_yaml"]
 
 
 MAX_ITERATIONS = 1_000_000
@@ -270,62 +267,6 @@ class PoliciesSection(_Section):
         return _check_name(value, ALLOCATION.names())
 
 
-class EfficiencySection(_Section):
-    """Engine efficiencies of the roofline cost model (fractions of peak), per operator.
-
-    * GEMMs (every linear layer of a step over ``rows`` tokens): ``2 · active params ·
-      rows`` FLOPs at ``gemm_compute`` of peak, the weights streamed once at
-      ``gemm_memory`` of peak HBM bandwidth, the two combined as a smooth maximum
-      ``(t_c^p + t_m^p)^(1/p)``, ``p = gemm_overlap`` (1: they add; large: the roofline
-      maximum). The three are fitted to Vidur's published GEMM profiles of H100
-      (``tandem calibrate --from vidur``; held-out on A100: docs/sim-engine.md).
-    * Attention reads the KV cache at ``kv_memory`` of peak bandwidth (decode is
-      memory-bound) or computes at ``attention_compute`` (prefill), whichever is slower;
-      both are assumptions (Vidur's attention tables are not used).
-    * ``step_overhead_s`` per step (scheduler, sampling, launches): fitted to StreamRL's
-      7B/H800 decode profile (Fig. 6) with the GEMM terms above held fixed.
-    """
-
-    gemm_compute: float = Field(
-        0.7301, gt=0, le=1, description="GEMM achieved / peak FLOP/s (fitted: Vidur H100)"
-    )
-    gemm_memory: float = Field(
-        1.0, gt=0, le=1, description="GEMM weight streaming / peak HBM (fitted: Vidur H100)"
-    )
-    gemm_overlap: float = Field(
-        1.226, ge=1, description="p of the smooth max of GEMM compute and memory time"
-    )
-    kv_memory: float = Field(
-        0.8, gt=0, le=1, description="KV, optimizer and weight-load bytes / peak HBM"
-    )
-    attention_compute: float = Field(0.5, gt=0, le=1, description="attention FLOP/s / peak")
-    train_mfu: float = Field(0.4, gt=0, le=1, description="training model-FLOPs utilisation")
-    step_overhead_s: float = Field(0.00406, ge=0, description="fixed cost per engine step, s")
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="share of HBM vLLM may use (weights + KV cache)"
-    )
-
-
-class SimSection(_Section):
-    cost_model: str = Field(
-        "roofline",
-        description="'roofline' (efficiencies below), 'roofline:DIR' (GEMM efficiencies from "
-        "`tandem calibrate --from vidur`) or 'profiled:PATH' (a live profile's calibration)",
-    )
-    efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
-    fast_forward: bool = Field(
-        True, description="advance engines event to event in closed form (False: step by step)"
-    )
-    instance_start_s: float = Field(60.0, ge=0, description="elastic: time to start an instance")
-
-    @field_validator("cost_model")
-    @classmethod
-    def _known_cost_model(cls, value: str) -> str:
-        if value != "roofline" and not value.startswith(("profiled:", "roofline:")):
-            raise ValueError("must be 'roofline', 'roofline:DIR' or 'profiled:PATH'")
-        return value
-
-
 class RunSpec(_Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -381,53 +322,6 @@ def _format_errors(err: ValidationError) -> str:
             msg = "unknown key"
         lines.append(f"{key}: {msg}")
     return "; ".join(lines)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse ``a.b.c=value``; the value is read as YAML (numbers, bools, lists)."""
-    if "=" not in text:
-        raise SpecError(f"override {text!r} must look like key.path=value")
-    key, raw = text.split("=", 1)
-    path = [p for p in key.strip().split(".") if p]
-    if not path:
-        raise SpecError(f"override {text!r} has an empty key")
-    try:
-        return path, read_yaml(raw)
-    except yaml.YAMLError as err:
-        raise SpecError(f"override {text!r}: not valid YAML ({err})") from None
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of ``data`` with each ``key.path=value`` override set."""
-    data = copy.deepcopy(data)
-    for text in overrides:
-        path, value = parse_override(text)
-        node: Any = data
-        for i, part in enumerate(path[:-1]):
-            node = _child(node, part, ".".join(path[: i + 1]))
-        _set_child(node, path[-1], value, ".".join(path))
-    return data
-
-
-def _child(node: Any, part: str, key: str) -> Any:
-    if isinstance(node, list):
-        if not part.isdigit() or int(part) >= len(node):
-            raise SpecError(f"{key}: no list element {part!r}")
-        return node[int(part)]
-    if not isinstance(node, dict):
-        raise SpecError(f"{key}: cannot set a key inside a value")
-    return node.setdefault(part, {})
-
-
-def _set_child(node: Any, part: str, value: Any, key: str) -> None:
-    if isinstance(node, list):
-        if not part.isdigit() or int(part) >= len(node):
-            raise SpecError(f"{key}: no list element {part!r}")
-        node[int(part)] = value
-    elif isinstance(node, dict):
-        node[part] = value
-    else:
-        raise SpecError(f"{key}: cannot set a key inside a value")
 
 
 def spec_from_dict(data: dict[str, Any]) -> RunSpec:

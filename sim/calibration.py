@@ -26,7 +26,7 @@ from policies.calibrated import (
     OperatorFit,
 )
 from policies.protocols import Device
-from policies.spec import EfficiencySection
+from policies.sim_section import EfficiencySection
 from sim.costs import RooflineCostModel
 from sim.models import model
 from sim.tables import data_path

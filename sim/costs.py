@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from policies.protocols import Device
-from policies.spec import EfficiencySection, RunSpec
+from policies.sim_section import EfficiencySection
+from policies.spec import RunSpec
 from sim.models import Model, model_for
 from sim.tables import Hardware, hardware
 from sim.ticks import DecodeLaw, StepWork, to_seconds, to_ticks

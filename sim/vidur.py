@@ -7,7 +7,7 @@ transformer layers: ``data/profiling/compute/<gpu>/<org>/<model>/mlp.csv``, one 
 ``mlp_down_proj`` — and the layer's shape (``n_head``, ``n_kv_head``, ``n_embd``,
 ``n_expanded_embd``, ``use_gated_mlp``). :func:`load_vidur_gemms` reads every such file
 below a directory; :func:`fit_gemm_efficiency` fits the three GEMM terms of
-``policies.spec.EfficiencySection`` (compute and memory efficiency, and the exponent of
+``policies.sim_section.EfficiencySection`` (compute and memory efficiency, and the exponent of
 their smooth maximum) with a fixed latency per kernel, by least squares on log time,
 i.e. on relative error. In the engine's step model the kernels' latencies are part of
 ``step_overhead_s``, fitted with the whole step (``sim.calibration.fit_ptl_profile``).

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from policies.protocols import Device
-from policies.spec import EfficiencySection
+from policies.sim_section import EfficiencySection
 from sim.calibrated import CalibratedCostModel
 from sim.calibration import (
     OPERATOR_TABLES,

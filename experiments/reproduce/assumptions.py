@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from experiments.reproduce.report import Assumption
 
-_SPEC = "documented engine-efficiency assumption, `policies/spec.py` EfficiencySection (not fitted)"
+_SPEC = "documented engine-efficiency assumption, `policies/sim_section.py` EfficiencySection (not fitted)"
 _FIT = (
     "fitted to StreamRL's published 7B/H800 decode profile (Fig. 6) by "
     "`sim.calibration.fit_ptl_profile`; efficiency factor only"

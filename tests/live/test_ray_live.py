@@ -23,7 +23,7 @@ import httpx
 import pandas as pd
 import pytest
 import scripted_scaling
-from proc_view import alive, descendants, off_loopback
+from proc_view import alive, descendants, off_loopback, wait_until
 
 from policies.spec import load_spec
 from runtime.launcher import run_live
@@ -115,6 +115,9 @@ def test_two_servers_and_two_trainer_ranks_on_two_nodes_resume_exactly(
         run_live(spec, out, after_step=stop_after_step_1, ray_address=address)
     assert (out / "checkpoints" / "last.dcp").is_dir()
     first = json.loads((out / "logs" / "placement.json").read_text())
+    # the failure stopped every process of the run: servers (and their engines), ranks
+    pids = [where["pid"] for where in first.values()]
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), 30), first
     off: list = []
 
     async def sockets_at_step_2(step: int) -> None:  # every Ray process, server and rank up

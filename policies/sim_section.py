@@ -1,0 +1,63 @@
+"""The ``sim`` section of a run spec: the simulator's cost model and its efficiencies."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from policies.cluster import Section as _Section
+
+
+class EfficiencySection(_Section):
+    """Engine efficiencies of the roofline cost model (fractions of peak), per operator.
+
+    * GEMMs (every linear layer of a step over ``rows`` tokens): ``2 · active params ·
+      rows`` FLOPs at ``gemm_compute`` of peak, the weights streamed once at
+      ``gemm_memory`` of peak HBM bandwidth, the two combined as a smooth maximum
+      ``(t_c^p + t_m^p)^(1/p)``, ``p = gemm_overlap`` (1: they add; large: the roofline
+      maximum). The three are fitted to Vidur's published GEMM profiles of H100
+      (``tandem calibrate --from vidur``; held-out on A100: docs/sim-engine.md).
+    * Attention reads the KV cache at ``kv_memory`` of peak bandwidth (decode is
+      memory-bound) or computes at ``attention_compute`` (prefill), whichever is slower;
+      both are assumptions (Vidur's attention tables are not used).
+    * ``step_overhead_s`` per step (scheduler, sampling, launches): fitted to StreamRL's
+      7B/H800 decode profile (Fig. 6) with the GEMM terms above held fixed.
+    """
+
+    gemm_compute: float = Field(
+        0.7301, gt=0, le=1, description="GEMM achieved / peak FLOP/s (fitted: Vidur H100)"
+    )
+    gemm_memory: float = Field(
+        1.0, gt=0, le=1, description="GEMM weight streaming / peak HBM (fitted: Vidur H100)"
+    )
+    gemm_overlap: float = Field(
+        1.226, ge=1, description="p of the smooth max of GEMM compute and memory time"
+    )
+    kv_memory: float = Field(
+        0.8, gt=0, le=1, description="KV, optimizer and weight-load bytes / peak HBM"
+    )
+    attention_compute: float = Field(0.5, gt=0, le=1, description="attention FLOP/s / peak")
+    train_mfu: float = Field(0.4, gt=0, le=1, description="training model-FLOPs utilisation")
+    step_overhead_s: float = Field(0.00406, ge=0, description="fixed cost per engine step, s")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="share of HBM vLLM may use (weights + KV cache)"
+    )
+
+
+class SimSection(_Section):
+    cost_model: str = Field(
+        "roofline",
+        description="'roofline' (efficiencies below), 'roofline:DIR' (GEMM efficiencies from "
+        "`tandem calibrate --from vidur`) or 'profiled:PATH' (a live profile's calibration)",
+    )
+    efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
+    fast_forward: bool = Field(
+        True, description="advance engines event to event in closed form (False: step by step)"
+    )
+    instance_start_s: float = Field(60.0, ge=0, description="elastic: time to start an instance")
+
+    @field_validator("cost_model")
+    @classmethod
+    def _known_cost_model(cls, value: str) -> str:
+        if value != "roofline" and not value.startswith(("profiled:", "roofline:")):
+            raise ValueError("must be 'roofline', 'roofline:DIR' or 'profiled:PATH'")
+        return value
