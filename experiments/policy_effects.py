@@ -12,12 +12,21 @@ live and in the simulator (the same assignments, engines with the servers' limit
 cost model calibrated on a ``tandem profile`` of this machine). Savings are makespan
 ratios: each policy against ``random``, two servers against one. Cases alternate within
 every seed so slow drifts of the host hit all of them alike.
+
+The host: each server's engine is pinned to its own core, its HTTP frontend (and this
+client) run on any. With one server the frontend has the other core to itself; with
+two, every core runs an engine and the frontends' CPU comes out of the engines' time.
+The simulated engines contend (``decode_slowdown``) while both have work, by the share
+this takes: :func:`host_overhead` measures the frontend and client CPU per engine CPU
+second on one server's burst (from /proc), :func:`shared_host_slowdown` turns it into
+the slowdown of engines sharing the cores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -249,28 +258,26 @@ def write_report(frame: pd.DataFrame, out: Path) -> str:
     return text
 
 
-CONTENTION_BATCHES = (16, 48)  # burst sizes the host's server-beside-server slowdown is taken at
-
-
-async def neighbour_slowdown(urls: Sequence[str], repeats: int = 3, max_tokens: int = 64) -> float:
-    """How much slower a burst on server 0 runs while server 1 runs the same burst: the
-    contention of two engines (and their HTTP frontends and this client) on one host,
-    measured like the profiler's ``decode_slowdown`` (a ratio of whole bursts, medians)."""
+async def host_overhead(server, num_requests: int = 64, max_tokens: int = 128) -> float:
+    """CPU that generation takes beyond its pinned engine, per engine CPU second: the
+    server's frontend and this client (which runs the experiment) over the engine
+    processes, measured on a burst of one server alone."""
+    from runtime.host_cpu import cpu_seconds, server_cpu
     from runtime.profile_bursts import prompt_slice, route_burst_s
 
-    tasks = TaskSet(0, 256, 128)
-    ratios = []
-    for batch in CONTENTION_BATCHES:
-        prompts = prompt_slice(tasks, batch, 7)
-        alone, beside = [], []
-        for _ in range(repeats):
-            alone.append(await route_burst_s(urls[0], prompts, max_tokens, 1.0, ignore_eos=True))
-            both = await asyncio.gather(
-                *(route_burst_s(u, prompts, max_tokens, 1.0, ignore_eos=True) for u in urls[:2])
-            )
-            beside.append(both[0])
-        ratios.append(float(np.median(beside) / np.median(alone)))
-    return float(np.mean(ratios))
+    prompts = prompt_slice(TaskSet(0, 256, 128), num_requests, 7)
+    before, client = server_cpu(server.proc.pid), cpu_seconds(os.getpid())
+    await route_burst_s(server.base_url, prompts, max_tokens, 1.0, ignore_eos=True)
+    used = server_cpu(server.proc.pid) - before
+    return (used.frontend_s + cpu_seconds(os.getpid()) - client) / used.engine_s
+
+
+def shared_host_slowdown(num_engines: int, overhead: float, num_cores: int) -> float:
+    """How much slower each engine runs while ``num_engines`` generate on ``num_cores``:
+    each takes ``1 + overhead`` cores (its pinned engine, plus its frontend and the
+    client on any core), so beyond the host's cores all of it shares them (first
+    principles: CPU time is conserved; the host scheduler shares it evenly)."""
+    return max(1.0, num_engines * (1.0 + overhead) / num_cores)
 
 
 def with_slowdown(cost, slowdown: float):
@@ -316,9 +323,10 @@ def run_policy_effects(
 
         asyncio.run(warm())
         urls = [s.base_url for s in servers]
-        slowdown = asyncio.run(neighbour_slowdown(urls))
+        overhead = asyncio.run(host_overhead(servers[0]))
+        slowdown = shared_host_slowdown(len(servers), overhead, len(os.sched_getaffinity(0)))
         frame = measure(urls, with_slowdown(cost, slowdown), seeds, limits, num_requests)
-        frame["neighbour_slowdown"] = slowdown
+        frame["host_overhead"], frame["shared_host_slowdown"] = overhead, slowdown
     finally:
         for s in servers:
             stop_server(s)

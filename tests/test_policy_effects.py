@@ -3,7 +3,12 @@ workload, the dispatch of each case, the simulated makespans and the savings tab
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pandas as pd
+import pytest
 from helpers import write_cost_model
 
 from experiments.policy_effects import (
@@ -11,11 +16,13 @@ from experiments.policy_effects import (
     ServerLimits,
     assign,
     savings,
+    shared_host_slowdown,
     sim_makespan_s,
     skewed_requests,
     write_report,
 )
 from policies.calibrated import cost_model_path
+from runtime.host_cpu import ServerCpu, server_cpu
 from sim.calibrated import CalibratedCostModel
 
 
@@ -67,3 +74,26 @@ def test_savings_and_the_report(tmp_path):
     assert round(first["live"], 6) == 0.2 and round(first["sim"], 6) == round(1 - 8.5 / 11, 6)
     text = write_report(pd.DataFrame(rows), tmp_path / "out")
     assert "same: True" in text and (tmp_path / "out" / "savings.csv").exists()
+
+
+def test_engines_slow_down_only_when_their_whole_demand_exceeds_the_cores():
+    assert shared_host_slowdown(1, 0.25, 2) == 1.0  # the frontend has the other core
+    assert shared_host_slowdown(2, 0.25, 2) == pytest.approx(1.25)  # every core an engine
+    assert shared_host_slowdown(2, 0.25, 4) == 1.0
+    assert shared_host_slowdown(3, 0.0, 2) == pytest.approx(1.5)
+
+
+def test_server_cpu_splits_the_leader_from_the_processes_below_it():
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    leader = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"]
+    )  # fmt: skip
+    try:
+        peak = ServerCpu(0.0, 0.0)
+        while leader.poll() is None:
+            peak = max(peak, server_cpu(leader.pid), key=lambda c: c.engine_s)
+            time.sleep(0.02)
+    finally:
+        leader.wait()
+    assert peak.engine_s >= 0.2  # the child's spin counts as engine time
+    assert peak.frontend_s < peak.engine_s  # the leader only waited
