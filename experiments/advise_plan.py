@@ -25,7 +25,7 @@ from experiments.advise_space import (
 from policies.build import build_allocation, mode_of
 from policies.rng import RngStreams
 from policies.spec import RunSpec
-from sim.simulator import resolve_cluster
+from sim.cluster import resolve_cluster
 from sim.workload import Workload
 
 

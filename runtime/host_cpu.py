@@ -22,6 +22,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...)."""
     out, todo = [], [pid]
     while todo:
         for task in Path(f"/proc/{todo.pop()}/task").glob("*"):

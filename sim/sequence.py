@@ -102,3 +102,36 @@ class Seq:
     def num_tokens(self) -> int:
         """Prompt + generated tokens (explicit counts; not while decoding)."""
         return self.prompt_tokens + self.num_output
+
+
+class StepPlan:
+    """One scheduled step: who computes how many tokens, and what that amounts to. (A
+    plain class with slots: one is made every step.)"""
+
+    __slots__ = (
+        "budget", "scheduled", "all_decoders", "skipped", "extra_blocks", "admitted",
+        "num_preempted", "num_decode", "decode_context_tokens", "num_prefill_tokens",
+        "prefill_attention_pairs", "prefill_context_tokens",
+    )  # fmt: skip
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget  # tokens left in the step's budget
+        self.scheduled: dict[Seq, int] = {}  # seq -> tokens this step
+        self.all_decoders = False  # every decoding sequence decodes but the skipped (unlisted)
+        self.skipped: set[Seq] = set()  # decoding, sitting this step out
+        self.extra_blocks: dict[Seq, int] = {}  # decoders' new blocks (if any may be preempted)
+        self.admitted: list[Seq] = []
+        self.num_preempted = 0
+        self.num_decode = 0  # sequences decoding one token
+        self.decode_context_tokens = 0  # KV tokens they attend to
+        self.num_prefill_tokens = 0  # prompt (or recompute) tokens of the prefill chunks
+        self.prefill_attention_pairs = 0  # Σ over chunk tokens of the positions they attend to
+        self.prefill_context_tokens = 0  # KV tokens the chunks attend to (their ends)
+
+    @property
+    def empty(self) -> bool:
+        return not self.scheduled and not self.num_decode
+
+    @property
+    def num_scheduled(self) -> int:
+        return len(self.scheduled) + (self.num_decode if self.all_decoders else 0)

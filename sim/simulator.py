@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import simpy
 
-from policies.allocation import AllocationPolicy, StageModel
 from policies.build import (
     ExecutorInputs,
     build_allocation,
@@ -26,8 +25,7 @@ from policies.build import (
     instance_views,
     mode_of,
 )
-from policies.cluster import ClusterSection, GenerationPool
-from policies.modes import ModeTraits
+from policies.cluster import GenerationPool
 from policies.modes.events import (
     Command,
     ContextSwitched,
@@ -63,7 +61,8 @@ from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from sim import scaling
-from sim.costs import SimCostModel, build_cost_model
+from sim.cluster import resolve_cluster
+from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.sequence import engine_limits
 from sim.tables import hardware_table
@@ -129,35 +128,6 @@ def _few_collections(threshold: int = 100_000) -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*before)
-
-
-def resolve_cluster(
-    spec: RunSpec,
-    mode: ModeTraits,
-    cost: SimCostModel,
-    workload: Workload,
-    allocation: AllocationPolicy,
-) -> ClusterSection:
-    """The cluster that runs: colocated modes share every GPU, allocation may re-split it
-    (and stays on as the scaling rule of ``elastic``)."""
-    cluster = spec.cluster
-    if mode.colocated:
-        pool = cluster.generation[0]
-        total = sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
-        colocated = cluster.model_copy(
-            update={
-                "generation": [pool.model_copy(update={"num_gpus": total})],
-                "trainer": cluster.trainer.model_copy(update={"num_gpus": total}),
-            }
-        )
-        return colocated
-    model = StageModel(
-        cost=cost,
-        batch_size=spec.algorithm.batch_size,
-        prompt_tokens=workload.mean_prompt_tokens,
-        output_tokens=workload.sample_lengths(4096),
-    )
-    return allocation.allocate(cluster, model)
 
 
 class _World:

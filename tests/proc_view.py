@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runtime.host_cpu import descendants as descendants  # re-exported for the tests
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -20,17 +22,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                kids = [int(c) for c in (task / "children").read_text().split()]
-                out += kids
-                todo += kids
-    return out
 
 
 def cmdline(pid: int) -> str:
