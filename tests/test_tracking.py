@@ -1,9 +1,8 @@
-"""Per-step tracking: the step reports, the TensorBoard file read back, W&B and MLflow calls."""
+"""Per-step tracking: the step reports, and what TensorBoard, W&B (offline) and MLflow (file store) wrote, read back."""
 
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -110,76 +109,41 @@ def test_an_unknown_backend_is_a_spec_error_naming_the_key(tmp_path, capsys):
     assert "run.tracking" in capsys.readouterr().out
 
 
-class _FakeWandbRun:
-    def __init__(self, calls: list) -> None:
-        self.calls, self.summary = calls, {}
-
-    def log(self, values, step):
-        self.calls.append(("log", step, dict(values)))
-
-    def finish(self):
-        self.calls.append(("finish",))
-
-
 def test_wandb_logs_offline_into_the_run_directory(tmp_path, monkeypatch):
-    calls: list = []
-    fake = types.ModuleType("wandb")
-    fake.__spec__ = types.SimpleNamespace()  # what importlib.util.find_spec looks for
-    fake.init = lambda **kw: calls.append(("init", kw)) or _FakeWandbRun(calls)
-    monkeypatch.setitem(sys.modules, "wandb", fake)
+    """Real wandb, offline: the run's record file holds the resolved spec and one history
+    record per step (wandb >= 0.2x reads it back only through its Go core, so the test
+    counts the keys in the protobuf records)."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    spec = small_spec(run__iterations=2, run__tracking="wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    spec = small_spec(run__iterations=2, run__tracking="wandb", run__name="wb-check")
     with tracker_for(spec, tmp_path) as tracker:
         result = Simulation(spec).run(on_step=tracker)
         tracker.finish(result.metrics)
-    init = calls[0][1]
-    assert init["mode"] == "offline" and init["dir"] == str(tmp_path)
-    assert init["config"]["run"]["tracking"] == "wandb"
-    logged = [c for c in calls if c[0] == "log"]
-    assert [c[1] for c in logged] == [0, 1] and "throughput/samples_per_s" in logged[0][2]
-    assert calls[-1] == ("finish",)
+    (record,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    data = record.read_bytes()
+    assert data.count(b"throughput/samples_per_s") >= 2  # the steps 0 and 1
+    assert b"stream-async" in data and b"wb-check" in data  # the spec as config, the name
+    assert b"num_samples_trained" in data  # the summary
 
 
 def test_mlflow_logs_to_a_file_store_under_the_run_directory(tmp_path, monkeypatch):
-    log: list = []
+    """Real MLflow: read the run back from the file store with its own client."""
+    from mlflow.tracking import MlflowClient
 
-    class Client:
-        def __init__(self, tracking_uri):
-            log.append(("uri", tracking_uri))
-
-        def get_experiment_by_name(self, name):
-            return None
-
-        def create_experiment(self, name):
-            return "1"
-
-        def create_run(self, experiment_id, run_name):
-            return types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))
-
-        def log_batch(self, run_id, metrics=(), params=()):
-            log.append(("batch", [m.step for m in metrics], {p.key for p in params}))
-
-        def set_terminated(self, run_id):
-            log.append(("end", run_id))
-
-    entities = types.ModuleType("mlflow.entities")
-    entities.Param = lambda key, value: types.SimpleNamespace(key=key, value=value)
-    entities.Metric = lambda key, value, timestamp, step: types.SimpleNamespace(step=step)
-    tracking = types.ModuleType("mlflow.tracking")
-    tracking.MlflowClient = Client
-    root = types.ModuleType("mlflow")
-    root.__spec__ = types.SimpleNamespace()
-    for name, module in (("mlflow", root), ("mlflow.entities", entities),
-                         ("mlflow.tracking", tracking)):  # fmt: skip
-        monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    spec = small_spec(run__iterations=2, run__tracking="mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    spec = small_spec(run__iterations=2, run__tracking="mlflow", run__name="ml-check")
     with tracker_for(spec, tmp_path) as tracker:
-        Simulation(spec).run(on_step=tracker)
-    assert log[0] == ("uri", (tmp_path / "mlruns").resolve().as_uri())
-    assert "pipeline.mode" in log[1][2]  # the resolved spec as parameters
-    assert [entry[1] for entry in log[2:4]] == [[0] * len(log[2][1]), [1] * len(log[3][1])]
-    assert log[-1] == ("end", "r1")
+        result = Simulation(spec).run(on_step=tracker)
+        tracker.finish(result.metrics)
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("tandem").experiment_id])
+    assert run.info.run_name == "ml-check" and run.info.status == "FINISHED"
+    assert run.data.params["pipeline.mode"] == "stream-async"
+    history = client.get_metric_history(run.info.run_id, "throughput/samples_per_s")
+    assert sorted(m.step for m in history) == [0, 1]
+    trained = run.data.metrics["summary/num_samples_trained"]
+    assert trained == result.metrics["num_samples_trained"]
 
 
 def test_a_missing_optional_backend_is_named_before_the_run(monkeypatch, tmp_path):
