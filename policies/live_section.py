@@ -57,6 +57,11 @@ class LiveSection(Section):
         "holding it) that skewness-aware dispatch prices with; None: the tiny model's constants "
         "(runtime/cost.py)",
     )
+    warm_up_tokens: int = count(
+        16, ge=0, le=MAX_TOKENS,
+        description="before the run's clock starts, each server generates one batch of this "
+        "many tokens a sample (a fresh engine's first requests are slow); 0: no warm-up",
+    )  # fmt: skip
     restart_servers: bool = Field(
         False, description="start a server that died again; it rejoins at the next weight push"
     )

@@ -24,17 +24,16 @@ import json
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from policies.breakdown import with_breakdown
+from policies.intervals import Interval, complement, intersect_length, length, merged
 from policies.records import SampleRecord, Span, SpanKind
 from policies.resources import TRAINER
 from policies.spec import RunSpec
 from policies.trace import trace_json
-
-Interval = tuple[float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,45 +75,6 @@ WALL_METRICS = ("sim_wall_s", "live_wall_s")  # the host's time, not the run's
 GEN_BUSY = {SpanKind.PREFILL, SpanKind.DECODE}
 
 
-def _merge(intervals: Iterable[Interval]) -> list[Interval]:
-    out: list[Interval] = []
-    for lo, hi in sorted(intervals):
-        if hi <= lo:
-            continue
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def _length(intervals: Iterable[Interval]) -> float:
-    return sum(hi - lo for lo, hi in intervals)
-
-
-def _intersect(a: list[Interval], b: list[Interval]) -> float:
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def _complement(busy: list[Interval], start: float, end: float) -> list[Interval]:
-    out, cursor = [], start
-    for lo, hi in busy:
-        if lo > cursor:
-            out.append((cursor, min(lo, end)))
-        cursor = max(cursor, hi)
-    if cursor < end:
-        out.append((cursor, end))
-    return [iv for iv in out if iv[1] > iv[0]]
-
-
 def iteration_windows(samples: list[SampleRecord]) -> dict[int, Interval]:
     lo: dict[int, float] = {}
     hi: dict[int, float] = {}
@@ -143,17 +103,17 @@ def compute_metrics(
             busy[sp.resource].append((sp.start_s, sp.end_s))
         if sp.kind == SpanKind.CONTEXT_SWITCH and sp.resource == TRAINER:
             switch_s += sp.end_s - sp.start_s
-    windows = _merge(iteration_windows(samples).values())
+    windows = merged(iteration_windows(samples).values())
     gen_busy_s = gen_life_s = skew_s = gen_wait_s = 0.0
     for name, start in gen_resources.items():
-        merged = _merge(busy[name])
-        idle = _complement(merged, start, end_s)
-        gen_busy_s += _length(merged)
+        busy_of = merged(busy[name])
+        idle = complement(busy_of, start, end_s)
+        gen_busy_s += length(busy_of)
         gen_life_s += max(0.0, end_s - start)
-        in_window = _intersect(idle, windows)
+        in_window = intersect_length(idle, windows)
         skew_s += in_window
-        gen_wait_s += _length(idle) - in_window
-    train_busy_s = _length(_merge(busy[TRAINER]))
+        gen_wait_s += length(idle) - in_window
+    train_busy_s = length(merged(busy[TRAINER]))
     pipeline_s = switch_s if colocated else gen_wait_s + max(0.0, end_s - train_busy_s)
     trained = [s for s in samples if s.train_step is not None]
     generated = [s for s in samples if s.gen_end_s is not None]
@@ -259,7 +219,8 @@ class RunResult:
         write_atomic(out / "samples.parquet", _parquet_bytes(self.samples_frame()))
         write_atomic(out / "events.parquet", _parquet_bytes(self.spans_frame()))
         if self.steps:
-            write_atomic(out / "steps.json", json.dumps(self.steps, indent=2).encode())
+            steps = with_breakdown(self.steps, self.spans)  # where each step's time went
+            write_atomic(out / "steps.json", json.dumps(steps, indent=2).encode())
         write_atomic(out / "trace.json", self.trace_json())
         return out
 

@@ -295,10 +295,13 @@ class Actor:
         await self._run_train(step, self.groups.close(step))
         start = self.now()
         stats = await self.trainer.step(step, start)
-        self.recorder.steps.append(dataclasses.asdict(stats))
+        entry = dataclasses.asdict(stats)
+        self.recorder.steps.append(entry)
+        stepped = self.now()
         path = self._checkpoint_for(step)
         if path:
             await self.trainer.checkpoint(path, self.recorder.position(step, self.now()))
+        saved = self.now()
         if self.after_step is not None:
             await self.after_step(step)
         end = self.now()
@@ -306,6 +309,11 @@ class Actor:
         if self.on_step is not None:
             done = dataclasses.replace(stats, end_s=end)
             self.on_step(self.recorder.step_update(done, end, self.config.num_steps))
+        # where the step's own time went (policies.breakdown)
+        entry.update(
+            optimizer_s=stepped - start, checkpoint_s=saved - stepped, hooks_s=end - saved,
+            report_s=self.now() - end, done_s=self.now(),
+        )  # fmt: skip
         local = dataclasses.replace(stats, step=cmd.step, version=cmd.step + 1, end_s=end)
         self._events.put_nowait(TrainStepDone(end, local))
 

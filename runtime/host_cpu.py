@@ -21,6 +21,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_age_s(pid: int | None = None) -> float:
+    """Seconds since the process (this one by default) started."""
+    stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()
+    uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime_s - int(stat[19]) / os.sysconf("SC_CLK_TCK")
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, their children, ...)."""
     out, todo = [], [pid]

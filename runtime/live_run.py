@@ -30,6 +30,7 @@ from policies.tracking import StepUpdate
 from runtime.actor import Actor, ActorConfig
 from runtime.cost import live_cost_model
 from runtime.gen_client import GenerationClient
+from runtime.host_cpu import process_age_s
 from runtime.procs import free_port
 from runtime.recorder import Recorder
 from runtime.run_dir import RunDir
@@ -37,6 +38,7 @@ from runtime.supervisor import Servers
 from runtime.tasks import TaskPromptSource, TaskSet
 from runtime.trainer import TrainerConfig
 from runtime.trainer_proc import TrainerClient
+from runtime.warm_up import warm_up_servers
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +134,16 @@ async def drive(
     }
     try:
         end_s = time_offset_s
+        startup: dict[str, float] = {}
         if spec.run.iterations - offset > 0:
+            log.info("warming the servers up")
+            startup["warm_up_s"] = await warm_up_servers(clients, spec)
             actor = make_actor(
                 spec, clients, trainer, recorder, trained_ids, offset, str(ckpt), length_predictor,
                 on_step,
             )  # fmt: skip
             actor.faults.servers, actor.after_step = servers, after_step
+            startup["startup_s"] = process_age_s()  # the process's start to the clock's
             actor.start_clock(time_offset_s)
             log.info("loading the trainer's weights on the servers")
             await actor.push_now(offset)  # the servers serve the trainer's weights
@@ -145,12 +151,17 @@ async def drive(
                 "running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode
             )
             end_s = await actor.run()
+            first = next((st for st in recorder.steps if st["step"] >= offset), None)
+            if first is not None:
+                done_s = first.get("done_s") or first["end_s"]
+                startup["time_to_first_step_s"] = done_s - time_offset_s
     finally:
         for c in clients.values():
             await c.aclose()
     result = _result(spec, recorder, end_s, len(ids))
     lost = [f for f in run_dir.faults() if f["event"] == "lost"]
     result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
+    result.metrics.update(startup)  # this part of the run (the last, if it was resumed)
     result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result

@@ -50,3 +50,26 @@ def test_each_sample_has_its_own_seed_stable_across_runs_and_changing_with_the_r
     assert all(0 <= s < 2**31 for s in seeds)
     assert b.seed_of(_request(7)) != a.seed_of(_request(7))
     assert ActorConfig(group_size=4, sampling_seed=None).seed_of(_request(7)) is None
+
+
+def test_the_warm_up_batch_has_the_shape_of_an_iteration_and_zero_tokens_turns_it_off():
+    from pathlib import Path
+
+    from policies.spec import load_spec
+    from runtime.host_cpu import process_age_s
+    from runtime.warm_up import warm_up_requests, warm_up_servers
+
+    config = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
+    spec = load_spec(config, ["algorithm.batch_size=12", "live.warm_up_tokens=5"])
+    batch = warm_up_requests(spec)
+    assert len(batch) == 12 and {r.max_tokens for r in batch} == {5}
+    assert all(r.prompt for r in batch)
+
+    class Unreachable:
+        def stream(self, *args, **kwargs):
+            raise AssertionError("no warm-up was asked for")
+
+    off = load_spec(config, ["live.warm_up_tokens=0"])
+    assert asyncio.run(warm_up_servers({0: Unreachable()}, off)) == 0.0
+    uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    assert 0 < process_age_s() < uptime_s

@@ -52,6 +52,16 @@ def test_run_live_writes_results_with_versions(server, token, tmp_path, mode):
     assert samples["reward"].between(0, 1).all()
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["num_samples_trained"] == 48 and result.metrics["live_wall_s"] > 0
+    # the servers were warmed before the clock; startup and the first step are reported
+    assert metrics["warm_up_s"] > 0 and metrics["startup_s"] > metrics["warm_up_s"]
+    assert 0 < metrics["time_to_first_step_s"] <= metrics["live_wall_s"]
+    steps = json.loads((tmp_path / "steps.json").read_text())
+    for step in steps:  # each step's time split without overlap (policies.breakdown)
+        parts = step["breakdown"]
+        split = sum(parts[k] for k in ("train_s", "optimizer_s", "checkpoint_s",
+                                       "bookkeeping_s", "push_s", "switch_s", "wait_s"))  # fmt: skip
+        assert split == pytest.approx(parts["window_s"], abs=1e-6)
+        assert parts["optimizer_s"] > 0 and parts["checkpoint_s"] > 0  # one every step
     kinds = set(pd.read_parquet(tmp_path / "events.parquet")["kind"])
     assert {"decode", "train", "weight_sync"} <= kinds
     if mode == "colocated-sync":
