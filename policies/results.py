@@ -69,8 +69,9 @@ SUMMARY_METRICS = tuple(m.name for m in METRICS if m.in_summary)
 SIM_METRICS = ("sim_wall_s",)  # added by the simulator: wall-clock seconds it took
 LIVE_METRICS = (
     "live_wall_s", "mean_reward_first_fifth", "mean_reward_last_fifth", "num_servers_lost",
+    "startup_s", "warm_up_s", "time_to_first_step_s",  # this part of the run (runtime.live_run)
 )  # fmt: skip
-WALL_METRICS = ("sim_wall_s", "live_wall_s")  # the host's time, not the run's
+WALL_METRICS = ("sim_wall_s", "live_wall_s", "startup_s", "warm_up_s")  # the host's, not the run's
 
 GEN_BUSY = {SpanKind.PREFILL, SpanKind.DECODE}
 

@@ -15,6 +15,7 @@ import pytest
 from helpers import ALL_MODES as REGISTERED_MODES
 from helpers import STALENESS_BOUND
 
+from policies.results import LIVE_METRICS, METRIC_NAMES
 from policies.spec import load_spec
 from runtime.launcher import run_live
 
@@ -52,6 +53,7 @@ def test_run_live_writes_results_with_versions(server, token, tmp_path, mode):
     assert samples["reward"].between(0, 1).all()
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["num_samples_trained"] == 48 and result.metrics["live_wall_s"] > 0
+    assert set(metrics) == {*METRIC_NAMES, *LIVE_METRICS}  # the one list of metric names
     # the servers were warmed before the clock; startup and the first step are reported
     assert metrics["warm_up_s"] > 0 and metrics["startup_s"] > metrics["warm_up_s"]
     assert 0 < metrics["time_to_first_step_s"] <= metrics["live_wall_s"]
