@@ -47,6 +47,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Would a server fail to listen on ``host:port`` (bound as uvicorn binds it)?"""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 @dataclass(slots=True)
 class ServerProcess:
     instance_id: int
@@ -67,6 +78,12 @@ def start_server(
     any core. Pinned to the engine's core, the frontend's per-sample work queued behind
     decode steps: with the tiny model the actor reached ~0.8 of vLLM's own tokens/s,
     unpinned ~0.95 (``tandem bench live``)."""
+    if port_in_use(host, port):  # else /health could answer from whoever holds the port
+        raise ValueError(
+            f"generation server {instance_id}: {host}:{port} is already in use (another "
+            "server or run?): choose another live.base_port, or attach to running servers "
+            "with live.server_urls"
+        )
     env = {
         **os.environ,
         "TANDEM_TOKEN": token,

@@ -184,3 +184,20 @@ def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypat
         cli.main(["serve", str(REPO), "--token", "s3cret", "--port", "8999"])
     assert seen["argv"][1:4] == ["-m", "runtime.server", str(REPO)]
     assert "s3cret" not in " ".join(seen["argv"]) and seen["env"]["TANDEM_TOKEN"] == "s3cret"
+
+
+def test_a_server_port_already_taken_is_refused_before_anything_starts(tmp_path):
+    """Another process listening on the port: the run must not take its /health for ours."""
+    import socket
+
+    from runtime.procs import start_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(
+            ValueError, match=rf"127.0.0.1:{port} is already in use.*live.base_port"
+        ):
+            start_server(0, "no-model", "127.0.0.1", port, "t", [0], 1.0, 64, 4, tmp_path)
+    assert not list(tmp_path.iterdir())  # no log: nothing was started
