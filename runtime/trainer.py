@@ -119,6 +119,17 @@ class Trainer:
             ref = AutoModelForCausalLM.from_pretrained(self.config.model_dir)
             self.ref_model = ref.to(self.config.device).eval()
 
+    def warm_up(self, num_samples: int = 8, num_tokens: int = 64) -> None:
+        """One forward and backward pass over a dummy micro-batch, its gradient dropped: a
+        fresh process's first passes are slower (the allocator, first calls of kernels).
+        Weights, optimizer state, the step being accumulated and the RNG stay as they were.
+        Every rank of a sharded trainer calls it (its passes are collectives)."""
+        device = next(self.model.parameters()).device
+        ids = torch.ones(num_samples, num_tokens, dtype=torch.long, device=device)
+        with torch.random.fork_rng(devices=[]):
+            self.model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
     # -- forward / backward ----------------------------------------------------------
 
     def train(self, items: list[TrainItem], now_s: float) -> float:

@@ -120,9 +120,11 @@ class TrainerWorker:
 
     def initialise(self, checkpoint: str | None) -> Any:
         self.trainer.initialise()
+        position = None
         if checkpoint and readable(Path(checkpoint)) is not None:
-            return self.trainer.load_checkpoint(Path(checkpoint))
-        return None
+            position = self.trainer.load_checkpoint(Path(checkpoint))
+        self.trainer.warm_up()  # before the run's clock starts
+        return position
 
     def join_group(self, servers: list[ServerAddr], host: str, port: int, backend: str) -> None:
         self.servers = servers

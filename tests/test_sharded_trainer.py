@@ -173,3 +173,19 @@ def test_export_of_a_sharded_checkpoint_is_the_trainers_weights(run, model_dir, 
         assert sorted(exported) == sorted(n for n, _ in expected)
         for name, tensor in expected:
             assert torch.equal(exported[name], tensor), name
+
+
+def test_the_warm_up_pass_changes_nothing_a_step_computes(model_dir, single):
+    """Weights, gradient, optimizer and RNG as they were: the first step after a warm-up
+    is bit for bit the step without one."""
+    trainer = Trainer(trainer_config(model_dir))
+    trainer.initialise()
+    rng = torch.get_rng_state()
+    trainer.warm_up()
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in trainer.model.parameters())
+    assert not trainer.optimizer.state
+    loss = trainer.train(batch(0), now_s=0.0)
+    trainer.step(0, 0.0)
+    assert loss == single[0]["loss"]
+    _assert_same_weights(trainer.named_weights(), single[0]["weights"], atol=0.0)
