@@ -32,7 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import experiments
-from experiments.peers_load import MAX_OTHER_SHARE, RunLoad, disturbance, load_between, snapshot
+from experiments.peers_load import (
+    MAX_OTHER_SHARE,
+    RunLoad,
+    become_subreaper,
+    disturbance,
+    load_between,
+    reap_orphans,
+    snapshot,
+)
 from experiments.peers_rates import Rates, StepSeries, rates
 from experiments.peers_tandem import read_run, tandem_command
 from experiments.peers_trl import TrlJob
@@ -114,6 +122,7 @@ def bench_peers(
 ) -> list[RoundResult]:
     """Rounds until ``config.rounds`` are accepted or the reruns are spent; every round,
     rejected ones included. ``on_run`` hears of every finished run (progress)."""
+    become_subreaper()  # so that every descendant's CPU time reaches our rusage
     results: list[RoundResult] = []
     attempt = 0
     while (
@@ -143,6 +152,7 @@ def run_round(
         log.info("round %d: %s", attempt + 1, system)
         before = snapshot()
         series = run_system(config, spec, spec_path, system, round_dir / system)
+        reap_orphans()
         load = load_between(before, snapshot())
         run = SystemRun(
             system, attempt, rates(series), load, disturbance(load, config.max_other_share)

@@ -2,16 +2,24 @@
 
 The host's busy CPU time (``/proc/stat``: user, nice, system, irq, softirq and steal,
 every core) minus the CPU time of the benchmark's own process tree (this process and
-every child it has waited for, ``RUSAGE_SELF`` + ``RUSAGE_CHILDREN``) is what *other*
-load took during the run. Measured around one run, after its subprocess has exited and
-been reaped, so the run's whole tree is counted as our own. Known bias: a descendant
-that its own parent never waited for is counted as other load, as is the kernel's own
-background work; both err towards rejecting a quiet run, never towards accepting a busy
-one. Steal time (a hypervisor running other guests) counts as other load.
+every descendant reaped, ``RUSAGE_SELF`` + ``RUSAGE_CHILDREN``) is what *other* load
+took during the run. Measured around one run, after its subprocess has exited and been
+reaped, so the run's whole tree is counted as our own.
+
+A descendant whose parent exits without waiting for it (vLLM's engine processes, when a
+server is stopped) would take its CPU time with it: the benchmark process makes itself
+the child subreaper (``PR_SET_CHILD_SUBREAPER``), so such orphans become its children,
+and :func:`reap_orphans` waits for them after each run. Without that, a quarter of a
+tandem run's CPU time went missing and counted as other load. Known bias: the kernel's
+own background work counts as other load, as does any orphan still running when the
+run is measured; both err towards rejecting a quiet run, never towards accepting a
+busy one. Steal time (a hypervisor running other guests) counts as other load.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import resource
 import time
@@ -20,6 +28,10 @@ from pathlib import Path
 
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system (idle iowait) irq softirq steal
 MAX_OTHER_SHARE = 0.10  # of the host's CPU capacity; above it a run is disturbed
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+REAP_TIMEOUT_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,6 +80,37 @@ def own_cpu_s() -> float:
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
     return total
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants children of this process (Linux); False if refused."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        ok = False
+    if not ok:
+        log.warning("not a child subreaper: orphaned processes' CPU counts as other load")
+    return ok
+
+
+def reap_orphans(timeout_s: float = REAP_TIMEOUT_S) -> int:
+    """Wait for children that exited (adopted orphans); stop when none are left or after
+    ``timeout_s``. Call only when no child of our own (a ``Popen``) is still running.
+    Returns how many were reaped."""
+    reaped = 0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped  # no children left
+        if pid:
+            reaped += 1
+        else:
+            time.sleep(0.05)  # a child still runs: an orphan finishing its exit
+    log.warning("children still running %.0f s after a run; counted as other load", timeout_s)
+    return reaped
 
 
 def snapshot() -> CpuSnapshot:

@@ -72,6 +72,8 @@ def _scripted(monkeypatch, other_s_per_run: list[float]):
         runs.append((system, spec.run.seed))
         return _series((1.0, 4, 40), (2.0, 4, 40))
 
+    monkeypatch.setattr(bp, "become_subreaper", lambda: True)  # not pytest's whole session
+    monkeypatch.setattr(bp, "reap_orphans", lambda: 0)
     monkeypatch.setattr(bp, "snapshot", snapshot)
     monkeypatch.setattr(bp, "run_system", run_system)
     monkeypatch.setattr(bp.os, "cpu_count", lambda: 2)
