@@ -9,8 +9,8 @@ the model is one directory for all (the spec's, or the tiny model of ``run.seed`
 
 Around every run the CPU time that *other* processes took is measured
 (:mod:`experiments.peers_load`); a round in which any run lost more than
-``max_other_share`` of the host's CPU to other load is rejected and, up to
-``max_reruns`` times, run again. Figures are medians over the accepted rounds
+``max_other_share`` of the host's CPU to other load is rejected (it stops there) and,
+up to ``max_reruns`` times, run again. Figures are medians over the accepted rounds
 (:mod:`experiments.peers_report`).
 
 The systems share 2 cores differently, each as it is built to: tandem pins its vLLM
@@ -140,7 +140,8 @@ def run_round(
     config: PeerBenchConfig, attempt: int,
     on_run: Callable[[RoundResult, SystemRun], None] | None = None,
 ) -> RoundResult:  # fmt: skip
-    """Every system once, in the order of :func:`rotated`, with seed ``run.seed + attempt``."""
+    """Every system once, in the order of :func:`rotated`, with seed ``run.seed + attempt``;
+    a round stops at its first disturbed run."""
     seed = config.spec.run.seed + attempt
     result = RoundResult(attempt, seed)
     round_dir = config.out_dir / f"round-{attempt}"
@@ -160,6 +161,8 @@ def run_round(
         result.runs.append(run)
         if on_run is not None:
             on_run(result, run)
+        if run.disturbed:
+            break  # the round is rejected: the rest of it would be time lost
     return result
 
 
