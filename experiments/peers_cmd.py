@@ -77,7 +77,7 @@ def run_bench_peers(
         table.add_column(name, justify="left" if name == "system" else "right")
     for row in table_rows(config, summary):
         table.add_row(*row)
-    console.print(table, width=max(console.width, TABLE_WIDTH))
+    Console(file=console.file, width=max(console.width, TABLE_WIDTH)).print(table)
     for rejected in summary["rounds_rejected"]:
         console.print(f"round {rejected['round']} rejected: {rejected['reason']}")
     console.print(f"results in [bold]{config.out_dir}[/bold]")

@@ -29,6 +29,7 @@ def test_trl_grpo_trainer_runs_on_the_tiny_model_and_reports_its_steps(model_dir
     result = json.loads((tmp_path / TRL / "result.json").read_text())
     major, minor = (int(v) for v in result["versions"]["trl"].split(".")[:2])
     assert (major, minor) >= (1, 16) and result["torch_threads"] == 2
+    assert (result["bf16"], result["gradient_checkpointing"]) == (False, False)  # as tandem
     assert [s.num_samples for s in series.steps] == [8, 8]  # 2 prompts x 4, per timed step
     assert all(0 < s.completion_tokens <= 8 * 32 for s in series.steps)
     r = rates(series)
