@@ -21,6 +21,7 @@ from experiments.advise_cmd import add_advise_parser
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
 from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_module
+from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
 from experiments.sweep_cmd import add_sweep_parser
@@ -151,7 +152,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.target == "sim":
+    if args.target == "peers":
+        from experiments.peers_cmd import run_bench_peers
+
+        report = run_bench_peers(args, console, err_console)  # prints its table first
+    elif args.target == "sim":
         from experiments.bench import bench_sim
 
         spec = load_spec(
@@ -240,23 +245,34 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
 
     bench = sub.add_parser("bench", help="benchmarks; the last line printed is JSON")
     bench.add_argument(
-        "target", choices=["sim", "live"], help="sim: simulator speed; live: the pipeline modes"
+        "target",
+        choices=["sim", "live", "peers"],
+        help="sim: simulator speed; live: the pipeline modes; peers: tandem's modes against "
+        "TRL's GRPOTrainer (extra: peers)",
     )
     bench.add_argument(
-        "spec", nargs="?", default=None, help="spec (default: streamrl-72b sim, live-tiny live)"
+        "spec",
+        nargs="?",
+        default=None,
+        help="spec (default: streamrl-72b sim, live-tiny live/peers)",
     )
     bench.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key"
     )
     bench.add_argument(
         "--iterations",
+        "--steps",
         type=int,
         default=None,
-        help="iterations per mode (default: 10 sim, 20 live)",
+        help="iterations per mode (default: 10 sim, 20 live and peers)",
     )
     bench.add_argument(
-        "--rounds", type=int, default=3, help="live: rounds of every mode (seeds run.seed + r)"
+        "--rounds",
+        type=int,
+        default=3,
+        help="live, peers: rounds of every mode (seeds run.seed + r)",
     )
+    add_peers_options(bench)
     bench.set_defaults(func=cmd_bench)
 
 

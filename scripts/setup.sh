@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up tandem in ./.venv.  `bash scripts/setup.sh` installs the simulator;
-# `bash scripts/setup.sh --live` adds the live runtime (torch, vLLM), Ray, the W&B and MLflow trackers and the test tools.
+# `bash scripts/setup.sh --live` adds the live runtime (torch, vLLM), Ray, the W&B and MLflow trackers, TRL (for `tandem bench peers`) and the test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,7 +18,7 @@ if [ "${1:-}" = "--live" ]; then
     # `import transformers` model classes (operator torchvision::nms does not exist)
     .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
   fi
-  "${PIP[@]}" -e '.[dev,live,ray,wandb,mlflow]'
+  "${PIP[@]}" -e '.[dev,live,ray,wandb,mlflow,peers]'
 else
   "${PIP[@]}" -e .
 fi

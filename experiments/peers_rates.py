@@ -1,0 +1,92 @@
+"""Samples/s and completion tokens/s of one benchmark run, whole run and steady state.
+
+Every system of ``tandem bench peers`` reports its run as a :class:`StepSeries`: the
+optimizer steps it timed, each with its end time and the samples and completion tokens
+it trained, and the window the whole run spans. Both rates come from that one record,
+the same way for every system:
+
+* **whole run**: every sample (token) trained over the whole window;
+* **steady state**: the samples (tokens) of steps 1..N-1 over the time from the end of
+  step 0 to the end of step N-1 — the first timed step, with whatever start-up it
+  carries (a first weight push, a cold cache), is left out.
+
+Completion tokens include the end-of-sequence token when a completion has one (vLLM's
+``output_tokens`` and TRL's ``completion_ids`` both do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(slots=True, frozen=True)
+class StepPoint:
+    """One timed optimizer step."""
+
+    end_s: float  # seconds from the run's clock start
+    num_samples: int
+    completion_tokens: int
+
+
+@dataclass(slots=True, frozen=True)
+class StepSeries:
+    """The timed steps of one run and the window of the whole run (seconds)."""
+
+    start_s: float
+    end_s: float
+    steps: tuple[StepPoint, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start_s": self.start_s, "end_s": self.end_s,
+                "steps": [asdict(s) for s in self.steps]}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepSeries:
+        steps = tuple(StepPoint(**s) for s in data["steps"])
+        return cls(float(data["start_s"]), float(data["end_s"]), steps)
+
+
+@dataclass(slots=True, frozen=True)
+class Rates:
+    """Throughput of one run; steady-state figures are None with fewer than two steps."""
+
+    samples_per_s: float
+    tokens_per_s: float
+    steady_samples_per_s: float | None
+    steady_tokens_per_s: float | None
+    num_samples: int
+    completion_tokens: int
+    wall_s: float
+
+    @property
+    def mean_completion_tokens(self) -> float:
+        return self.completion_tokens / self.num_samples if self.num_samples else 0.0
+
+
+def rates(series: StepSeries) -> Rates:
+    """Whole-run and steady-state rates of ``series`` (see the module docstring)."""
+    if not series.steps:
+        raise ValueError("a run with no timed steps has no rates")
+    wall_s = series.end_s - series.start_s
+    if wall_s <= 0:
+        raise ValueError(f"the run's window must be positive, got {wall_s} s")
+    num_samples = sum(s.num_samples for s in series.steps)
+    num_tokens = sum(s.completion_tokens for s in series.steps)
+    steady_samples = steady_tokens = None
+    if len(series.steps) > 1:
+        steady_s = series.steps[-1].end_s - series.steps[0].end_s
+        later = series.steps[1:]
+        if steady_s > 0:
+            steady_samples = sum(s.num_samples for s in later) / steady_s
+            steady_tokens = sum(s.completion_tokens for s in later) / steady_s
+    return Rates(
+        samples_per_s=num_samples / wall_s,
+        tokens_per_s=num_tokens / wall_s,
+        steady_samples_per_s=steady_samples,
+        steady_tokens_per_s=steady_tokens,
+        num_samples=num_samples,
+        completion_tokens=num_tokens,
+        wall_s=wall_s,
+    )

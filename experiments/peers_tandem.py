@@ -1,0 +1,51 @@
+"""tandem's side of ``bench peers``: one live run of one pipeline mode, read back as a
+:class:`~experiments.peers_rates.StepSeries`.
+
+The run is ``tandem run SPEC --live`` in its own process (the command line a user runs,
+engine start included), with the mode and the number of steps set on the command line.
+Its step series comes from the run directory: each optimizer step's end time from
+``steps.json``, the samples it trained and their completion tokens from
+``samples.parquet`` (``train_step``, ``output_tokens``), and the whole run's window from
+``metrics.json`` (``makespan_s``: the run's clock starts once its servers are up, before
+the first weight load, and stops after the last step).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from experiments.peers_rates import StepPoint, StepSeries
+
+
+def tandem_command(spec_path: Path, mode: str, steps: int, out_dir: Path) -> list[str]:
+    """The command line of one live run of ``mode`` for ``steps`` optimizer steps."""
+    return [
+        sys.executable, "-m", "experiments.cli", "run", str(spec_path), "--live",
+        "--set", f"pipeline.mode={mode}", "--set", f"run.iterations={steps}",
+        "--out", str(out_dir),
+    ]  # fmt: skip
+
+
+def step_series(steps: list[dict], trained: dict[int, tuple[int, int]], end_s: float) -> StepSeries:
+    """The series of a run: ``steps`` as in ``steps.json``, ``trained[step]`` = (samples,
+    completion tokens) trained by that step, ``end_s`` the run's makespan."""
+    points = []
+    for step in sorted(steps, key=lambda s: s["step"]):
+        num_samples, num_tokens = trained.get(step["step"], (0, 0))
+        points.append(StepPoint(float(step["end_s"]), num_samples, num_tokens))
+    return StepSeries(0.0, end_s, tuple(points))
+
+
+def read_run(run_dir: Path) -> StepSeries:
+    """The step series of the live run in ``run_dir``."""
+    import pandas as pd
+
+    steps = json.loads((run_dir / "steps.json").read_text())
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    samples = pd.read_parquet(run_dir / "samples.parquet", columns=["train_step", "output_tokens"])
+    samples = samples.dropna(subset=["train_step"])
+    per_step = samples.groupby("train_step")["output_tokens"].agg(["count", "sum"])
+    trained = {int(k): (int(row["count"]), int(row["sum"])) for k, row in per_step.iterrows()}
+    return step_series(steps, trained, float(metrics["makespan_s"]))
