@@ -189,6 +189,8 @@ def bench_modes(
 ) -> dict:  # fmt: skip
     """Every mode for ``base.run.iterations`` steps per round against the server at ``url``."""
     runs: list[dict[str, RunResult]] = []
+    # one model for every round: the tiny model is built from run.seed, which rounds vary
+    base = base.model_copy(update={"model": base.model.model_copy(update={"path": model_dir_for(base)})})  # fmt: skip
     for r in range(rounds):
         runs.append({})
         for mode in round_order(r):

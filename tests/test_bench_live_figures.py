@@ -43,3 +43,24 @@ def test_figures_pool_every_rounds_samples_and_time():
     assert fig["ratio_to_disagg_sync_per_round"][1]["stream-async"] == pytest.approx(4.0 / 3.0)
     assert fig["median_update_pause_ms"] == pytest.approx(30.0)  # pipeline: 10, 50, 30 ms
     assert fig["num_inflight_updates"] == 3 and fig["rounds"] == 2
+
+
+def test_every_round_trains_the_model_the_server_serves(monkeypatch, tmp_path):
+    """Rounds vary run.seed, and the tiny model is built from run.seed: the rounds must
+    keep the one model the shared server was started with."""
+    from experiments import bench_live
+
+    built, paths = [], []
+    monkeypatch.setattr(bench_live, "model_dir_for", lambda spec: built.append(spec.run.seed) or "/m")  # fmt: skip
+    monkeypatch.setattr(bench_live, "ranker_for", lambda spec, live: None)
+
+    def fake_run(spec, out, predictor, on_step):
+        paths.append((spec.run.seed, spec.model.path))
+        return _run(16, 2.0, [0.01])
+
+    monkeypatch.setattr(bench_live, "run_live", fake_run)
+    base = load_spec(CONFIG)
+    bench_live.bench_modes(base, "http://127.0.0.1:1", "t", tmp_path, rounds=2)
+    assert built == [base.run.seed]
+    assert {seed for seed, _ in paths} == {base.run.seed, base.run.seed + 1}
+    assert {path for _, path in paths} == {"/m"}
