@@ -1,16 +1,16 @@
 """Where each optimizer step's time went (``steps.json``, sim and live alike).
 
-A step's window runs from the previous step's end (the run's start for the first) to its
-own end (``done_s`` where the executor recorded when it had finished with the step,
-checkpoint and reports included; else ``end_s``). The trainer's timeline over the window is split without overlap, in this order
-of precedence: pushing weights (``weight_sync`` spans of the trainer), a colocated
-context switch beyond its push, training (``train`` spans), and waiting (no trainer span:
-the trainer had nothing to do). Training and waiting are split further with what the live
-executor measures inside each step: the optimizer step and the checkpoint (inside its train
-span), and the bookkeeping (its hooks, inside the span; tracking and progress reports,
-after it). Beside the partition, two overlapping
-figures: the time any generation instance was generating, and the mean time an instance
-was paused for a weight update.
+A step's window runs from the previous step's end (the run's start, 0, for the first) to
+its own end (``done_s`` where the executor recorded when it had finished with the step,
+checkpoint and reports included; else ``end_s``). The trainer's timeline over the window
+is split without overlap, in this order of precedence: pushing weights (``weight_sync``
+spans of the trainer), a colocated context switch beyond its push, training (``train``
+spans), and waiting (no trainer span: the trainer had nothing to do). Training and
+waiting are split further with what the live executor measures inside each step: the
+optimizer step and the checkpoint (inside its train span), and the bookkeeping (its
+hooks, inside the span; tracking and progress reports, after it). Beside the partition,
+two overlapping figures: the time any generation instance was generating, and the mean
+time an instance was paused for a weight update.
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ def _intervals(spans: Sequence[Span], kind: SpanKind, resource: str) -> list[Int
     return merged((s.start_s, s.end_s) for s in spans if s.kind == kind and s.resource == resource)
 
 
-def step_breakdowns(
-    spans: Sequence[Span], steps: Sequence[dict[str, Any]], start_s: float = 0.0
-) -> list[StepBreakdown]:
+def step_breakdowns(spans: Sequence[Span], steps: Sequence[dict[str, Any]]) -> list[StepBreakdown]:
     """One breakdown per entry of ``steps``, in order (each with ``end_s``; ``done_s``,
     ``optimizer_s``, ``checkpoint_s``, ``hooks_s`` and ``report_s`` where measured)."""
     push = _intervals(spans, SpanKind.WEIGHT_SYNC, TRAINER)
@@ -61,7 +59,7 @@ def step_breakdowns(
     gen = Measure(generating)
     instances = sorted({s.resource for s in spans if is_generation(s.resource)})
     pauses = [Measure(_intervals(spans, SpanKind.WEIGHT_SYNC, r)) for r in instances]
-    out, previous = [], start_s
+    out, previous = [], 0.0
     for step in steps:
         end = float(step.get("done_s") or step["end_s"])
         lo = min(previous, end)
@@ -88,9 +86,7 @@ def step_breakdowns(
     return out
 
 
-def with_breakdown(
-    steps: Sequence[dict[str, Any]], spans: Sequence[Span], start_s: float = 0.0
-) -> list[dict[str, Any]]:
+def with_breakdown(steps: Sequence[dict[str, Any]], spans: Sequence[Span]) -> list[dict[str, Any]]:
     """``steps`` with each step's breakdown added under ``breakdown``."""
-    found = step_breakdowns(spans, steps, start_s)
+    found = step_breakdowns(spans, steps)
     return [{**step, "breakdown": asdict(b)} for step, b in zip(steps, found)]
