@@ -53,7 +53,7 @@ from runtime.launcher import run_live
 from runtime.live_run import model_dir_for
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.server import SERVED_MODEL_NAME
-from runtime.tasks import TaskPromptSource, TaskSet
+from runtime.tasks import TaskPromptSource, TaskSet, task_set
 
 MODES = ("disagg-sync", "stream-sync", "stream-async", "pipeline")
 STEPS = 20  # per mode and round: live-tiny's iterations vary a lot in length (a long tail)
@@ -112,7 +112,7 @@ async def actor_wave(
 
 async def compare_generation(spec: RunSpec, url: str, num_waves: int) -> dict:
     """Alternate actor and raw waves on the same prompts; tokens/s of each and the ratio."""
-    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+    tasks = task_set(spec)
     source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
     client = GenerationClient(0, url, spec.live.temperature)
     raw: list[WaveRate] = []

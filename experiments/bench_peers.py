@@ -189,7 +189,7 @@ def trl_job(spec: RunSpec, steps: int, threads: int, out_dir: Path) -> TrlJob:
     assert spec.model.path, "resolved spec expected"
     return TrlJob(
         model_dir=spec.model.path, seed=spec.run.seed, num_prompts=spec.workload.num_prompts,
-        max_output_tokens=spec.workload.max_output_tokens,
+        max_output_tokens=spec.workload.max_output_tokens, tasks=spec.workload.tasks,
         batch_size=spec.algorithm.batch_size, group_size=spec.algorithm.group_size,
         learning_rate=spec.algorithm.learning_rate, clip_epsilon=spec.algorithm.clip_epsilon,
         temperature=spec.live.temperature, steps=steps, threads=threads, out_dir=str(out_dir),

@@ -17,13 +17,19 @@ import sys
 from pathlib import Path
 
 from experiments.peers_rates import StepPoint, StepSeries
+from policies.modes.base import MODES
 
 
 def tandem_command(spec_path: Path, mode: str, steps: int, out_dir: Path) -> list[str]:
-    """The command line of one live run of ``mode`` for ``steps`` optimizer steps."""
+    """The command line of one live run of ``mode`` for ``steps`` optimizer steps.
+
+    ``pipeline.max_lag`` is the lag of mode ``pipeline``; a mode whose bound is fixed
+    runs at that bound (so a spec tuned for ``pipeline`` still runs every mode)."""
+    fixed = MODES.get(mode).max_lag
+    lag = ["--set", f"pipeline.max_lag={fixed}"] if fixed is not None else []
     return [
         sys.executable, "-m", "experiments.cli", "run", str(spec_path), "--live",
-        "--set", f"pipeline.mode={mode}", "--set", f"run.iterations={steps}",
+        "--set", f"pipeline.mode={mode}", *lag, "--set", f"run.iterations={steps}",
         "--out", str(out_dir),
     ]  # fmt: skip
 

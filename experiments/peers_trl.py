@@ -61,6 +61,7 @@ class TrlJob:
     steps: int  # timed optimizer steps, after the warm-up
     threads: int  # torch threads
     out_dir: str
+    tasks: str = "mixed"  # the task set (workload.tasks)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -83,7 +84,7 @@ def require_trl() -> None:
 
 def step_prompt_ids(job: TrlJob) -> list[list[int]]:
     """Prompt ids of each step: the warm-up repeats iteration 0, then iterations 0..N-1."""
-    tasks = TaskSet(job.seed, job.num_prompts, job.max_output_tokens)
+    tasks = TaskSet(job.seed, job.num_prompts, job.max_output_tokens, mix=job.tasks)
     source = TaskPromptSource(tasks, job.batch_size, job.group_size)
     iterations = [0] * WARMUP_STEPS + list(range(job.steps))
     return [source.prompt_ids(i) for i in iterations]
@@ -92,7 +93,7 @@ def step_prompt_ids(job: TrlJob) -> list[list[int]]:
 def dataset_rows(job: TrlJob) -> list[dict[str, Any]]:
     """One row per prompt and step, in step order: ``prompt`` (the plain completion prompt
     tandem sends) and ``prompt_id`` (passed on to the reward function)."""
-    tasks = TaskSet(job.seed, job.num_prompts, job.max_output_tokens)
+    tasks = TaskSet(job.seed, job.num_prompts, job.max_output_tokens, mix=job.tasks)
     return [
         {"prompt": tasks[pid].text, "prompt_id": pid} for ids in step_prompt_ids(job) for pid in ids
     ]
@@ -175,7 +176,7 @@ def run_trl(job: TrlJob) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     torch.set_num_threads(job.threads)
-    tasks = TaskSet(job.seed, job.num_prompts, job.max_output_tokens)
+    tasks = TaskSet(job.seed, job.num_prompts, job.max_output_tokens, mix=job.tasks)
     reward = TaskReward(tasks)
     clock = _step_clock(reward)
     trainer = trl.GRPOTrainer(

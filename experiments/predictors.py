@@ -110,11 +110,9 @@ def attach_task_prompts(trace: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
     metrics = run_dir / "metrics.json"
     if not metrics.exists() or "live_wall_s" not in json.loads(metrics.read_text()):
         return trace  # a sim run: its prompts have no text
-    from runtime.tasks import TaskSet
+    from runtime.tasks import task_set
 
-    spec = load_spec(run_dir / "spec.yaml", [])
-    w = spec.workload
-    tasks = TaskSet(spec.run.seed, w.num_prompts, w.max_output_tokens)
+    tasks = task_set(load_spec(run_dir / "spec.yaml", []))
     out = trace.copy()
     out["prompt"] = [tasks[int(i)].text for i in out["prompt_id"]]
     return normalize(out)

@@ -42,9 +42,11 @@ class LiveSection(Section):
     micro_batch_samples: int = count(
         8, ge=1, le=2**20, description="samples per trainer micro-batch"
     )
-    trainer_threads: int = count(
-        1, ge=1, le=1024, description="torch threads of the trainer process"
-    )
+    trainer_threads: int | None = count(
+        None, ge=1, le=1024,
+        description="torch threads of the trainer process; None: one per core it runs on (the "
+        "second half of the cores, or all of them where a mode time-shares them: colocated-sync)",
+    )  # fmt: skip
     trainer_nice: int = count(
         0, ge=0, le=19,
         description="niceness of the trainer process: >0 lets the generation server's frontend "

@@ -136,6 +136,11 @@ class WorkloadSection(_Section):
     num_prompts: int = count(
         4096, ge=1, le=MAX_RUN_SAMPLES, description="prompts in the dataset (one epoch)"
     )
+    tasks: Literal["mixed", "longtail"] = Field(
+        "mixed",
+        description="live task set (runtime/tasks.py): mixed — four families, about 13-token "
+        "answers on average; longtail — 92 % 2–5-token answers, 8 % 75–127-token ones",
+    )
     # Defaults match StreamRL's published ranker (recall of the longest 20/10/5 %:
     # 0.87/0.82/0.76), which needs a predictor whose log length correlates ~0.97 with the
     # sample's; a prompt's history can reach sqrt(0.96 * 0.98) = 0.97 here (docs/ranker.md).

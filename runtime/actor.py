@@ -27,7 +27,6 @@ boundary, and the recorder maps each sample back to its own iteration.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
@@ -60,7 +59,9 @@ from policies.tracking import StepUpdate
 from runtime.errors import LiveRunError
 from runtime.gen_client import Generated, GenerationClient, SampleFailed
 from runtime.groups import GroupBook
-from runtime.recorder import Recorder
+from runtime.history import HistoryJournal, journal_path
+from runtime.jobs import Failed, JobQueue
+from runtime.recorder import DataPosition, Recorder
 from runtime.server_faults import Lost, ServerFaults
 from runtime.supervisor import Servers
 from runtime.tasks import TaskSet
@@ -115,7 +116,7 @@ class Actor:
         self.groups = GroupBook(config.group_size)
         self.pauses_s: list[float] = []
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._jobs = _JobQueue()
+        self._jobs = JobQueue()
         self._push_order = asyncio.Lock()  # pushes reach the trainer in command order
         self._idle = asyncio.Event()  # set while no request is running on any server
         self._idle.set()
@@ -150,7 +151,7 @@ class Actor:
             await self._execute(self.controller.handle(Start(self.now())))
             while not self.controller.finished:
                 event = await self._events.get()
-                if isinstance(event, _Failed):
+                if isinstance(event, Failed):
                     raise event.error
                 if isinstance(event, Lost):
                     await self._execute(await self.faults.handle_lost(event))
@@ -221,17 +222,17 @@ class Actor:
                 c = self._finished(out)
                 self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
         except SampleFailed as err:
-            self._events.put_nowait(_Failed(LiveRunError(str(err))))
+            self._events.put_nowait(Failed(LiveRunError(str(err))))
         except httpx.HTTPStatusError as err:
             if err.response.status_code < 500:  # the server refused the request itself
                 message = f"generation server {instance_id} refused a dispatch: {err}"
-                self._events.put_nowait(_Failed(LiveRunError(message)))
+                self._events.put_nowait(Failed(LiveRunError(message)))
             else:
                 self.faults.mark_lost(instance_id, f"{type(err).__name__}: {err}")
         except httpx.TransportError as err:
             self.faults.mark_lost(instance_id, f"{type(err).__name__}: {err}")
         except Exception as err:
-            self._events.put_nowait(_Failed(err))
+            self._events.put_nowait(Failed(err))
 
     def update_idle(self) -> None:
         """Set while no request runs on any server (before the sample's event: a push
@@ -273,7 +274,7 @@ class Actor:
             try:
                 await job()
             except Exception as err:
-                self._events.put_nowait(_Failed(err))
+                self._events.put_nowait(Failed(err))
                 return
 
     async def _train(self, cmd: TrainSamples) -> None:
@@ -299,8 +300,11 @@ class Actor:
         self.recorder.steps.append(entry)
         stepped = self.now()
         path = self._checkpoint_for(step)
-        if path:
-            await self.trainer.checkpoint(path, self.recorder.position(step, self.now()))
+        if path:  # the history goes to the journal first, only what is new (runtime.history)
+            delta = self.recorder.journal_delta(step, self.now())
+            HistoryJournal(journal_path(path)).append(delta)
+            slim = DataPosition(delta.next_step, delta.time_s, [], [], [], journal=True)
+            await self.trainer.checkpoint(path, slim)
         saved = self.now()
         if self.after_step is not None:
             await self.after_step(step)
@@ -352,6 +356,7 @@ class Actor:
         result, members = await self.faults.push(version)
         end = self.now()
         self.pauses_s += result.pause_s
+        self._note_stages(version, result)
         # a transfer carries the step whose weights it moves (as the simulator's links do)
         step = version - 1 if version > 0 else None
         self.recorder.span(TRAINER, SpanKind.WEIGHT_SYNC, start, end, iteration=step)
@@ -359,38 +364,17 @@ class Actor:
             self.recorder.span(generation_resource(i), SpanKind.WEIGHT_SYNC, end - pause_s, end)
         return result
 
+    def _note_stages(self, version: int, result: PushResult) -> None:
+        """Each server's receive / check / load milliseconds of the push that carried a
+        step's weights, in that step's entry of ``steps.json``."""
+        for entry in reversed(self.recorder.steps):
+            if entry["step"] == version - 1:
+                entry["push_stages_ms"] = result.stages_ms
+                return
+
     async def _switch(self, cmd: SwitchContext) -> None:
         start = self.now()
         if cmd.to.value == "generate":
             await self.push_now(self._global(self.controller.latest_version))
         self.recorder.span(TRAINER, SpanKind.CONTEXT_SWITCH, start, self.now())
         self._events.put_nowait(ContextSwitched(self.now(), cmd.to))
-
-
-class _JobQueue:
-    """The trainer's jobs: FIFO, except that :meth:`put_first` jumps the queue."""
-
-    def __init__(self) -> None:
-        self._jobs: collections.deque[Callable[[], Any]] = collections.deque()
-        self._ready = asyncio.Event()
-
-    def put(self, job: Callable[[], Any]) -> None:
-        self._jobs.append(job)
-        self._ready.set()
-
-    def put_first(self, job: Callable[[], Any]) -> None:
-        self._jobs.appendleft(job)
-        self._ready.set()
-
-    async def get(self) -> Callable[[], Any]:
-        while not self._jobs:
-            self._ready.clear()
-            await self._ready.wait()
-        return self._jobs.popleft()
-
-
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    """A generation or trainer job failed: the run stops with this error."""
-
-    error: Exception

@@ -10,6 +10,10 @@ still be exported, the newest ``live.keep_checkpoints`` of them also stay as
 to every file of the directory) just written, so keeping one costs no write, only the
 disk of the checkpoint it keeps alive (a copy where the file system has no hard links);
 older ones are deleted.
+
+The single-process trainer snapshots its state and writes it in the background
+(:class:`CheckpointWriter`), off the training path; the run's history is not in the
+checkpoint but appended to ``history.jsonl`` beside it (:mod:`runtime.history`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 CHECKPOINT_DIR = "checkpoints"
@@ -128,3 +134,35 @@ def keep_step(last: Path, step: int, keep: int) -> None:
     kept = kept_checkpoints(folder)
     for old in list(kept)[: max(0, len(kept) - keep)]:
         _remove(kept[old])
+
+
+class CheckpointWriter:
+    """Writes checkpoints in a background thread, one at a time, so the trainer goes on
+    training while the file is written and synced. :meth:`submit` first waits for the
+    write before it (so at most one snapshot waits in memory) and raises its error, if
+    any; :meth:`close` waits for the last one. A write that never finishes (a crash)
+    leaves the previous checkpoint in place: files are renamed into place complete."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: Future | None = None
+
+    def submit(self, write: Callable[[], None]) -> None:
+        self.wait()
+        self._pending = self._pool.submit(write)
+
+    def wait(self) -> None:
+        """Wait for the write in progress; its error (as a RuntimeError naming it)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.result()
+        except Exception as err:
+            raise RuntimeError(f"writing a checkpoint failed: {type(err).__name__}: {err}") from err
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)

@@ -30,12 +30,13 @@ from policies.tracking import StepUpdate
 from runtime.actor import Actor, ActorConfig
 from runtime.cost import live_cost_model
 from runtime.gen_client import GenerationClient
+from runtime.history import HistoryJournal, journal_path
 from runtime.host_cpu import process_age_s
 from runtime.procs import free_port
 from runtime.recorder import Recorder
 from runtime.run_dir import RunDir
 from runtime.supervisor import Servers
-from runtime.tasks import TaskPromptSource, TaskSet
+from runtime.tasks import TaskPromptSource, TaskSet, task_set
 from runtime.trainer import TrainerConfig
 from runtime.trainer_proc import TrainerClient
 from runtime.warm_up import warm_up_servers
@@ -102,7 +103,7 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
     return TrainerConfig(
         model_dir=model_dir, batch_size=a.batch_size, algorithm=a.name,
         learning_rate=a.learning_rate, clip_epsilon=a.clip_epsilon, kl_coef=a.kl_coef,
-        seed=spec.run.seed, num_threads=spec.live.trainer_threads,
+        seed=spec.run.seed, num_threads=spec.live.trainer_threads or 0,
         micro_batch_samples=spec.live.micro_batch_samples,
         keep_checkpoints=spec.live.keep_checkpoints, device=live_device(spec),
     )  # fmt: skip
@@ -115,6 +116,10 @@ async def drive(
     ckpt = run_dir.checkpoint
     log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
     position = await trainer.initialise(str(ckpt))
+    if position is not None:  # a checkpoint keeps its history in the journal beside it
+        position = HistoryJournal(journal_path(ckpt)).restore(position)
+    else:  # a journal without a checkpoint: its run stopped before the first one landed
+        journal_path(ckpt).unlink(missing_ok=True)
     recorder, trained_ids = Recorder(), set()
     offset, time_offset_s = 0, 0.0
     if position is not None:
@@ -171,7 +176,7 @@ def make_actor(
     spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str, length_predictor,
     on_step,
 ) -> Actor:  # fmt: skip
-    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+    tasks = task_set(spec)
     source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
     prompts = ResumablePrompts(source, trained_ids)
     recorder.iteration_of = prompts.iteration_of

@@ -13,7 +13,7 @@ import httpx
 from policies.records import Request
 from policies.spec import RunSpec
 from runtime.gen_client import completion_body
-from runtime.tasks import TaskPrompt, TaskSet
+from runtime.tasks import TaskPrompt, TaskSet, task_set
 
 
 def prompt_slice(tasks: TaskSet, count: int, offset: int) -> list[TaskPrompt]:
@@ -69,7 +69,7 @@ def warm_up_server(base_url: str, spec: RunSpec) -> None:
         async with httpx.AsyncClient(base_url=base_url, timeout=600.0, limits=LIMITS) as http:
             await warm_up(http, tasks, spec.live.temperature)
 
-    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+    tasks = task_set(spec)
     asyncio.run(run())
 
 

@@ -60,7 +60,7 @@ from runtime.profile_bursts import (
     warm_up,
 )
 from runtime.profile_files import describe, kv_capacity_from_log, write_profile
-from runtime.tasks import TaskSet
+from runtime.tasks import TaskSet, task_set
 from runtime.trainer import TrainItem, token_logprobs
 from runtime.trainer_proc import ServerAddr, TrainerProcess
 
@@ -118,7 +118,7 @@ def profile_runtime(
     try:
         wait_healthy(server, live.startup_timeout_s)
         tick("server up")
-        tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+        tasks = task_set(spec)
         tables = asyncio.run(
             _measure_server(spec, plan, tasks, server.base_url, token, trainer, tick)
         )

@@ -32,13 +32,16 @@ class Fault:
 @dataclass(slots=True)
 class DataPosition:
     """Where a live run's data stands at a checkpoint (saved with the trainer's weights):
-    the next step, the run's clock, the samples trained so far, every span and step."""
+    the next step, the run's clock, the samples trained so far, every span and step.
+    ``journal``: a slim position whose history is in the journal beside the checkpoint
+    (:mod:`runtime.history`); the same record also carries one journal line's delta."""
 
     next_step: int
     time_s: float
     samples: list[SampleRecord]
     spans: list[Span]
     steps: list[dict[str, Any]]
+    journal: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for the checkpoint file (no tandem class is pickled into it)."""
@@ -48,6 +51,7 @@ class DataPosition:
             "samples": [asdict(s) for s in self.samples],
             "spans": [{**asdict(s), "kind": str(s.kind)} for s in self.spans],
             "steps": list(self.steps),
+            "journal": self.journal,
         }
 
     @classmethod
@@ -58,6 +62,7 @@ class DataPosition:
             samples=[SampleRecord(**s) for s in data["samples"]],
             spans=[Span(**{**s, "kind": SpanKind(s["kind"])}) for s in data["spans"]],
             steps=list(data["steps"]),
+            journal=bool(data.get("journal", False)),
         )
 
 
@@ -76,6 +81,8 @@ class Recorder:
         self._trained_in: dict[int, list[int]] = {}  # global step -> its sample ids
         self._spans_reported = 0  # spans already handed to a step update
         self._resumed_at_s: float | None = None  # a resumed run's clock at its checkpoint
+        # what the history journal has (runtime.history): sample ids, spans, steps
+        self._journaled: tuple[set[int], int, int] = (set(), 0, 0)
 
     @classmethod
     def resumed(cls, position: DataPosition) -> Recorder:
@@ -86,12 +93,21 @@ class Recorder:
         recorder.steps = list(position.steps)
         recorder._spans_reported = len(recorder.spans)
         recorder._resumed_at_s = position.time_s
+        recorder._journaled = (set(recorder.samples), len(recorder.spans), len(recorder.steps))
         return recorder
 
-    def position(self, step: int, time_s: float) -> DataPosition:
-        """The position after global ``step``: the samples trained up to it."""
-        trained = [s for s in self.trained_samples() if s.train_step <= step]  # type: ignore[operator]
-        return DataPosition(step + 1, time_s, trained, list(self.spans), list(self.steps))
+    def journal_delta(self, step: int, time_s: float) -> DataPosition:
+        """What the history journal lacks after global ``step``: the samples trained up
+        to it, the spans and steps recorded since the last delta (each given once)."""
+        ids, num_spans, num_steps = self._journaled
+        new = [
+            s for s in self.trained_samples()
+            if s.train_step <= step and s.sample_id not in ids  # type: ignore[operator]
+        ]  # fmt: skip
+        ids.update(s.sample_id for s in new)
+        spans, steps = self.spans[num_spans:], self.steps[num_steps:]
+        self._journaled = (ids, len(self.spans), len(self.steps))
+        return DataPosition(step + 1, time_s, new, list(spans), list(steps))
 
     def outstanding(self, instance_id: int) -> int:
         return self._outstanding.get(instance_id, 0)

@@ -249,6 +249,8 @@ class ShardedTrainer(Trainer):
         model, optimizer = get_state_dict(self.model, self.optimizer)
         return {"model": model, "optimizer": optimizer}
 
+    snapshots_checkpoints = False  # a collective: every rank writes its shards in step
+
     def save_checkpoint(self, path: Path, data: Any) -> None:
         """Collective: the directory ``path`` with every rank's shards of the weights and
         optimizer, the version and ``data`` (the caller's data position), atomically."""

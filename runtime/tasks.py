@@ -9,6 +9,12 @@ Four families over a character vocabulary of 25 symbols (plus 3 special tokens):
 * ``V:{s}=`` — reverse ``s``: output length equals the string's length;
 * ``N:{s}=`` — count the letters of ``s`` in decimal: a long prompt, a 1–2 token answer.
 
+Two task sets (``workload.tasks``): ``mixed`` draws the four families (mean answer about
+13 tokens, a tail up to the cap); ``longtail`` is a long-tail workload for the policies
+that exist for stragglers: 92 % short prompts (``N`` or a 2–4-letter ``V``: 2–5 tokens)
+and 8 % long repeats (``R`` with ``k`` near what the token cap allows: 75–127 tokens,
+25–40x the short ones), each long answer predictable from its prompt.
+
 Output length is set by *parsing* the prompt (multi-digit counts, their sum, the family),
 not by the prompt's length, so an output-length ranker has real work to do. The long
 answers are written so that a small model can produce them at their true length: the
@@ -33,6 +39,7 @@ import numpy as np
 
 from policies.records import Request
 from policies.rng import RngStreams
+from policies.spec import RunSpec
 
 LETTERS = "abcdefgh"
 DIGITS = "0123456789"
@@ -120,6 +127,28 @@ _FAMILY_WEIGHTS = (0.35, 0.25, 0.2, 0.2)
 
 
 COUNT_SIGMA = 1.1  # log-normal sigma of the repeat and run-length counts
+LONG_SHARE = 0.08  # longtail: share of the long repeat prompts
+
+
+class TaskMix(StrEnum):
+    MIXED = "mixed"
+    LONGTAIL = "longtail"
+
+
+def _short(rng: np.random.Generator, budget: int, sigma: float) -> tuple[Family, str, str]:
+    """A 1–2-digit count or a 2–4-letter reversal: an answer of 2–5 tokens with <eos>."""
+    if rng.random() < 0.5:
+        return (Family.COUNT, *_count(rng, budget, sigma))
+    s = _word(rng, int(rng.integers(2, 5)))
+    return Family.REVERSE, f"V:{s}=", s[::-1]
+
+
+def _long_repeat(rng: np.random.Generator, budget: int, sigma: float) -> tuple[str, str]:
+    """A repeat whose count is in the top 40 % of what ``budget`` tokens can hold."""
+    s = _word(rng, int(rng.integers(1, 3)))
+    most = max(1, min(99, budget // (len(s) + 2)))
+    k = int(rng.integers(max(1, (most * 3) // 5), most + 1))
+    return f"R{k}:{s}=", "".join(f"{s}{i:02d}" for i in range(k, 0, -1))
 
 
 class TaskSet:
@@ -136,6 +165,7 @@ class TaskSet:
         max_output_tokens: int,
         *,
         count_sigma: float = COUNT_SIGMA,
+        mix: str = TaskMix.MIXED,
     ) -> None:
         if num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, not {num_prompts}")
@@ -146,6 +176,11 @@ class TaskSet:
         self.seed = seed
         self.max_output_tokens = max_output_tokens
         self.count_sigma = count_sigma
+        try:
+            self.mix = TaskMix(mix)
+        except ValueError:
+            known = ", ".join(m.value for m in TaskMix)
+            raise ValueError(f"workload.tasks: unknown task set {mix!r} (known: {known})") from None
         self._prompts = self._make(RngStreams(seed).get("tasks"), num_prompts)
 
     def _make(self, rng: np.random.Generator, num_prompts: int) -> list[TaskPrompt]:
@@ -153,10 +188,18 @@ class TaskSet:
         budget = self.max_output_tokens - 1
         out = []
         for prompt_id in range(num_prompts):
-            family = families[int(rng.choice(len(families), p=_FAMILY_WEIGHTS))]
-            text, answer = _MAKERS[family](rng, budget, self.count_sigma)
+            if self.mix == TaskMix.LONGTAIL:
+                family, text, answer = self._longtail(rng, budget)
+            else:
+                family = families[int(rng.choice(len(families), p=_FAMILY_WEIGHTS))]
+                text, answer = _MAKERS[family](rng, budget, self.count_sigma)
             out.append(TaskPrompt(prompt_id, text, family, answer))
         return out
+
+    def _longtail(self, rng: np.random.Generator, budget: int) -> tuple[Family, str, str]:
+        if rng.random() < LONG_SHARE:
+            return (Family.REPEAT, *_long_repeat(rng, budget, self.count_sigma))
+        return _short(rng, budget, self.count_sigma)
 
     def __len__(self) -> int:
         return len(self._prompts)
@@ -170,6 +213,12 @@ class TaskSet:
 
     def reward(self, prompt_id: int, completion_text: str) -> float:
         return reward(self._prompts[prompt_id], completion_text)
+
+
+def task_set(spec: RunSpec) -> TaskSet:
+    """The live task set of a spec: ``workload.tasks`` drawn with ``run.seed``."""
+    w = spec.workload
+    return TaskSet(spec.run.seed, w.num_prompts, w.max_output_tokens, mix=w.tasks)
 
 
 class TaskPromptSource:

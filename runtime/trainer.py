@@ -10,7 +10,9 @@ data position, and are written atomically (temporary file + ``os.replace``).
 
 from __future__ import annotations
 
+import copy
 import io
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ class TrainerConfig:
     kl_coef: float = 0.0
     max_grad_norm: float = 1.0
     seed: int = 0
-    num_threads: int = 1
+    num_threads: int = 1  # 0: one per core this process may run on
     micro_batch_samples: int = 8  # samples per forward/backward (a call is split into these)
     keep_checkpoints: int = 0  # per-step checkpoints kept beside last.pt (runtime.checkpoints)
     device: str = "cpu"  # cpu or cuda (the model and its step run there)
@@ -109,7 +111,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(self.config.seed)
-        torch.set_num_threads(self.config.num_threads)
+        torch.set_num_threads(self.config.num_threads or len(os.sched_getaffinity(0)))
         self.model = AutoModelForCausalLM.from_pretrained(
             self.config.model_dir, dtype=torch.float32
         )
@@ -235,17 +237,20 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------
 
+    snapshots_checkpoints = True  # checkpoint_state + write_state may run apart (a thread)
+
     def save_checkpoint(self, path: Path, data: Any) -> None:
         """Weights, optimizer, step and ``data`` (the caller's data position), atomically."""
-        state = {
+        write_state(Path(path), self.checkpoint_state(data))
+
+    def checkpoint_state(self, data: Any) -> dict[str, Any]:
+        """A copy of what a checkpoint holds, independent of later training steps."""
+        return copy.deepcopy({
             "version": self.version,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "data": data,
-        }
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        write_atomic(Path(path), buf.getvalue())
+        })  # fmt: skip
 
     def load_checkpoint(self, path: Path) -> Any:
         state = torch.load(Path(path), weights_only=False)
@@ -253,3 +258,10 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         return state["data"]
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Write a :meth:`Trainer.checkpoint_state` to ``path`` atomically."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    write_atomic(Path(path), buf.getvalue())

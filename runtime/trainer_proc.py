@@ -33,11 +33,11 @@ from typing import Any, Protocol
 import httpx
 
 from policies.records import StepStats
-from runtime.checkpoints import keep_step, readable
+from runtime.checkpoints import CheckpointWriter, keep_step, readable
 from runtime.errors import ProcessDied, describe_exit
 from runtime.procs import die_with_parent
 from runtime.recorder import DataPosition
-from runtime.trainer import Trainer, TrainerConfig, TrainItem
+from runtime.trainer import Trainer, TrainerConfig, TrainItem, write_state
 
 JOIN_TIMEOUT_S = 60.0  # every rank must have joined the weight group by then
 PUSH_TIMEOUT_S = 30.0  # a server answers an update within this (it receives for 3/4 of it)
@@ -117,6 +117,7 @@ class TrainerWorker:
         # one pooled client for every control call: a new httpx client costs tens of ms
         # (it builds a TLS context), which would sit on every push's critical path
         self.http = httpx.Client()
+        self.writer = CheckpointWriter()
 
     def initialise(self, checkpoint: str | None) -> Any:
         self.trainer.initialise()
@@ -184,11 +185,25 @@ class TrainerWorker:
 
     def checkpoint(self, path: str, data: dict[str, Any]) -> None:
         """Write ``path`` (last.pt, or the directory last.dcp of a sharded trainer) and
-        keep it as the checkpoint of its step (rank 0 does)."""
-        self.trainer.save_checkpoint(Path(path), data)
-        if self.trainer.rank == 0:
-            step = data["next_step"] - 1
-            keep_step(Path(path), step, self.trainer.config.keep_checkpoints)
+        keep it as the checkpoint of its step (rank 0 does). The single-process trainer
+        copies its state now and writes it in the background (runtime.checkpoints)."""
+        step, keep = data["next_step"] - 1, self.trainer.config.keep_checkpoints
+        if not self.trainer.snapshots_checkpoints:
+            self.trainer.save_checkpoint(Path(path), data)
+            if self.trainer.rank == 0:
+                keep_step(Path(path), step, keep)
+            return
+        state = self.trainer.checkpoint_state(data)
+
+        def write() -> None:
+            write_state(Path(path), state)
+            keep_step(Path(path), step, keep)
+
+        self.writer.submit(write)
+
+    def close(self) -> None:
+        """Wait for the checkpoint being written."""
+        self.writer.close()
 
     def checksums(self) -> dict[str, tuple[float, float]]:
         """Per-tensor checksums of the weights (a sharded trainer: collective; rank 0's
@@ -213,6 +228,7 @@ def _serve_calls(
     while True:
         msg = conn.recv()
         if msg is None:
+            worker.close()  # the last checkpoint is complete before the process ends
             return
         name, args = msg
         try:

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from policies.records import Request
 from policies.spec import RunSpec
 from runtime.gen_client import GenerationClient
-from runtime.tasks import TaskSet
+from runtime.tasks import task_set
 
 
 def warm_up_requests(spec: RunSpec) -> list[Request]:
     """The warm-up batch: the first prompts of the run's task set."""
-    tasks = TaskSet(spec.run.seed, spec.workload.num_prompts, spec.workload.max_output_tokens)
+    tasks = task_set(spec)
     tokens = spec.live.warm_up_tokens
     return [
         Request(i, p.prompt_id, i, 0, p.prompt_tokens, tokens, prompt=p.text)

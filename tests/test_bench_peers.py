@@ -150,6 +150,16 @@ def test_tandem_run_is_read_from_its_run_directory(tmp_path):
     cmd = tandem_command(tmp_path / "spec.yaml", "pipeline", 20, tmp_path / "out")
     assert cmd[:3] == [sys.executable, "-m", "experiments.cli"] and "--live" in cmd
     assert "pipeline.mode=pipeline" in cmd and "run.iterations=20" in cmd
+    assert not any(a.startswith("pipeline.max_lag") for a in cmd)  # pipeline's own lag
+
+
+def test_a_spec_tuned_for_pipeline_runs_every_mode_at_its_fixed_lag(tmp_path):
+    spec = override_spec(load_spec(CONFIG), ["pipeline.mode=pipeline", "pipeline.max_lag=4"])
+    for mode, lag in (("disagg-sync", 0), ("stream-async", 1), ("pipeline", 4)):
+        cmd = tandem_command(tmp_path / "spec.yaml", mode, 20, tmp_path / "out")
+        sets = [a for a in cmd[cmd.index("--live") + 1 :] if "=" in a]
+        run_spec = override_spec(spec, [s for s in sets if not s.startswith("run.")])
+        assert (run_spec.pipeline.mode, run_spec.pipeline.max_lag) == (mode, lag)
 
 
 # --- TRL wiring ---------------------------------------------------------------------
@@ -163,6 +173,9 @@ def _job(steps=3) -> TrlJob:
 def test_trl_job_matches_the_spec():
     job = _job()
     assert (job.model_dir, job.seed, job.batch_size, job.group_size) == ("/m", 5, 32, 4)
+    assert job.tasks == "mixed"
+    longtail = override_spec(load_spec(CONFIG), ["model.path=/m", "workload.tasks=longtail"])
+    assert bp.trl_job(longtail, 3, 2, "/o").tasks == "longtail"
     assert (job.max_output_tokens, job.temperature, job.learning_rate) == (128, 1.0, 3e-4)
     assert (job.num_prompts, job.clip_epsilon, job.threads) == (256, 0.2, 2)
 

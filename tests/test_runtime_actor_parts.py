@@ -3,12 +3,13 @@
 import asyncio
 
 from policies.records import Request
-from runtime.actor import ActorConfig, _JobQueue
+from runtime.actor import ActorConfig
+from runtime.jobs import JobQueue
 
 
 def test_jobs_run_in_order_and_a_push_jumps_ahead_of_queued_training():
     async def drain() -> list[str]:
-        queue = _JobQueue()
+        queue = JobQueue()
         for name in ("train-a", "step", "train-b"):
             queue.put(name)
         queue.put_first("push")
@@ -19,7 +20,7 @@ def test_jobs_run_in_order_and_a_push_jumps_ahead_of_queued_training():
 
 def test_a_waiting_trainer_wakes_for_the_next_job():
     async def scenario() -> str:
-        queue = _JobQueue()
+        queue = JobQueue()
         waiter = asyncio.create_task(queue.get())
         await asyncio.sleep(0)
         assert not waiter.done()

@@ -28,7 +28,7 @@ def _recorder() -> Recorder:
 
 
 def test_a_data_position_holds_what_was_trained_by_its_step_and_round_trips():
-    position = _recorder().position(step=0, time_s=9.5)
+    position = _recorder().journal_delta(step=0, time_s=9.5)
     assert (position.next_step, position.time_s) == (1, 9.5)
     assert [s.sample_id for s in position.samples] == [0, 1]  # not sample 2 (step 1)
     assert all(isinstance(s, SampleRecord) for s in position.samples)
@@ -58,7 +58,7 @@ class FakePipe:
 def test_the_trainer_process_has_typed_methods_over_its_pipe():
     proc = TrainerProcess(config=None)  # type: ignore[arg-type] - never started
     stats = StepStats(3, 4, 8, 100, 0.0, 1.0, busy_s=0.7)
-    position = _recorder().position(0, 2.0)
+    position = _recorder().journal_delta(0, 2.0)
     proc._conn = FakePipe(None, position.to_dict(), stats, None)
 
     async def script():

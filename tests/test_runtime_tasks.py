@@ -84,3 +84,35 @@ def test_a_wider_count_sigma_makes_more_long_answers():
     assert long_share(1.6) > 1.5 * long_share(1.1)
     with pytest.raises(ValueError, match="count_sigma"):
         TaskSet(0, 4, 64, count_sigma=0)
+
+
+def test_the_longtail_set_is_mostly_short_with_a_few_answers_tens_of_times_longer():
+    tasks = TaskSet(0, 2000, 128, mix="longtail")
+    lengths = np.array([p.expected_output_tokens for p in tasks.prompts])
+    long = lengths >= 60
+    assert 0.05 < long.mean() < 0.12  # a few
+    assert np.median(lengths) <= 5 and lengths.max() <= 128
+    ratio = lengths[long].mean() / lengths[~long].mean()
+    assert 20 <= ratio <= 50, ratio  # 10-50x longer, as the issue asks
+    # the long ones are repeats whose length the prompt states: R{k}:{s}= gives k copies
+    for p in tasks.prompts:
+        if p.family == Family.REPEAT:
+            k, s = p.text[1:-1].split(":")
+            assert len(p.answer) == int(k) * (len(s) + 2)
+    assert set(f for f in (p.family for p in tasks.prompts)) <= {
+        Family.REPEAT, Family.REVERSE, Family.COUNT,
+    }  # fmt: skip
+
+
+def test_the_task_set_comes_from_the_spec_and_an_unknown_one_is_named():
+    from experiments.specs import config_path
+    from policies.spec import load_spec
+    from runtime.tasks import task_set
+
+    spec = load_spec(config_path("live-tiny"), ["workload.tasks=longtail"])
+    assert task_set(spec).mix == "longtail"
+    assert [p.text for p in task_set(load_spec(config_path("live-tiny"))).prompts] == [
+        p.text for p in TaskSet(0, 256, 128).prompts
+    ]  # the default set is the one every earlier run used
+    with pytest.raises(ValueError, match="workload.tasks: unknown task set 'spiky'"):
+        TaskSet(0, 8, 128, mix="spiky")
