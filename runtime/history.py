@@ -69,3 +69,14 @@ class HistoryJournal:
         if keep < self.path.stat().st_size:
             os.truncate(self.path, keep)
         return DataPosition(slim.next_step, slim.time_s, samples, spans, steps)
+
+
+def resume_position(checkpoint: str | Path, position: DataPosition | None) -> DataPosition | None:
+    """The full position to resume from, given what loading ``checkpoint`` returned: its
+    history restored from the journal; None (and a journal left by a run that stopped
+    before its first checkpoint removed) where there is no checkpoint."""
+    journal = HistoryJournal(journal_path(checkpoint))
+    if position is None:
+        journal.path.unlink(missing_ok=True)
+        return None
+    return journal.restore(position)

@@ -30,7 +30,7 @@ from policies.tracking import StepUpdate
 from runtime.actor import Actor, ActorConfig
 from runtime.cost import live_cost_model
 from runtime.gen_client import GenerationClient
-from runtime.history import HistoryJournal, journal_path
+from runtime.history import resume_position
 from runtime.host_cpu import process_age_s
 from runtime.procs import free_port
 from runtime.recorder import Recorder
@@ -115,11 +115,7 @@ async def drive(
 ) -> RunResult:  # fmt: skip
     ckpt = run_dir.checkpoint
     log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
-    position = await trainer.initialise(str(ckpt))
-    if position is not None:  # a checkpoint keeps its history in the journal beside it
-        position = HistoryJournal(journal_path(ckpt)).restore(position)
-    else:  # a journal without a checkpoint: its run stopped before the first one landed
-        journal_path(ckpt).unlink(missing_ok=True)
+    position = resume_position(ckpt, await trainer.initialise(str(ckpt)))
     recorder, trained_ids = Recorder(), set()
     offset, time_offset_s = 0, 0.0
     if position is not None:

@@ -79,3 +79,13 @@ def test_a_checkpoint_that_holds_its_whole_history_is_read_as_before(tmp_path):
     whole = DataPosition(2, 2.0, rec.trained_samples(), list(rec.spans), list(rec.steps))
     again = DataPosition.from_dict(whole.to_dict())
     assert HistoryJournal(tmp_path / "none.jsonl").restore(again) is again
+
+
+def test_a_fresh_run_drops_a_journal_left_without_a_checkpoint(tmp_path):
+    from runtime.history import resume_position
+
+    ckpt = tmp_path / "checkpoints" / "last.pt"
+    rec, journal, slims = _checkpointed_run(tmp_path, 2)
+    assert resume_position(ckpt, slims[1]).next_step == 2  # with a checkpoint: restored
+    assert resume_position(ckpt, None) is None  # none landed: a fresh run, no stale lines
+    assert not journal.path.exists()
