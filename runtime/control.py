@@ -47,7 +47,8 @@ class UpdateResult:
     version: int
     num_tensors: int
     pause_s: float  # generation paused for this long
-    stages_ms: dict[str, float]  # the worker's receive / check / load durations
+    # the worker's receive / check / load; the server's pause, rpc, resume (ms)
+    stages_ms: dict[str, float]
 
 
 def checkpoint_manifest(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -185,11 +186,19 @@ class ServerControl:
             self._not_updating.clear()
             try:
                 await self._pause()
+                paused = time.perf_counter()
                 stages = await self._receive(version, wire, digests, timeout_s)
+                received = time.perf_counter()
             finally:
                 await self.engine.resume_generation()
                 self._not_updating.set()
                 self.last_pause_s = time.perf_counter() - start
+        stages = {
+            **stages,
+            "pause_ms": (paused - start) * 1e3,  # the engine's step in flight finishing
+            "rpc_ms": (received - paused) * 1e3,  # to the worker, its stages and back
+            "resume_ms": (start + self.last_pause_s - received) * 1e3,
+        }
         return UpdateResult(version, len(metas), self.last_pause_s, stages)
 
     async def _receive(

@@ -74,7 +74,11 @@ def start_server(
     kv_cache_gib: float, max_model_len: int, max_num_seqs: int, log_dir: Path,
     api_key: str | None = None,
 ) -> ServerProcess:  # fmt: skip
-    """``python -m runtime.server`` with its engine pinned to ``cores``, in its own session.
+    """``python -m runtime.server`` with its engine pinned to ``cores``, in its own process
+    group (``stop_server`` signals the whole group; Ctrl-C at a terminal does not reach it)
+    but in this session: Linux's autogroup scheduling puts each session in its own group,
+    and two servers' engines sharing a core as two groups took turns of up to a second
+    each (a decode step waited ~1 s runnable; docs/live-throughput.md).
 
     The engine's processes (scheduler and model worker, whose OpenMP threads vLLM binds
     to ``VLLM_CPU_OMP_THREADS_BIND``) are pinned; the HTTP frontend stays free to run on
@@ -110,7 +114,7 @@ def start_server(
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=setup,
-            start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent),
+            process_group=0, cwd=str(Path(__file__).resolve().parent.parent),
         )  # fmt: skip
     return ServerProcess(instance_id, f"http://{host}:{port}", proc, log_path)
 
@@ -162,7 +166,7 @@ def stop_server(server: ServerProcess, grace_s: float = 15.0) -> None:
     SIGKILL what is left. Always the group: a leader that already died (killed, crashed)
     leaves its engine processes running otherwise."""
     logger.info("stopping server %d", server.instance_id)
-    pgid = server.proc.pid  # started with start_new_session: the leader's pid is the group's
+    pgid = server.proc.pid  # started as a process group's leader: its pid is the group's
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s

@@ -38,6 +38,7 @@ from runtime.batch_gen import BatchBody, BatchGenerator
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
 from runtime.guard import Guard, GuardPolicy
 from runtime.procs import ENGINE_CORES_ENV, die_with_parent, reap_forks_with_parent
+from runtime.vllm_plugin import SPIN_ENV
 from runtime.weight_sync import BucketDigest, ParamMeta
 
 SERVED_MODEL_NAME = "tandem"
@@ -192,6 +193,9 @@ def mount_contract(app: FastAPI, control: ServerControl, policy: GuardPolicy) ->
 
 
 GPU_SHARE_ENV = "TANDEM_GPU_MEMORY_UTILIZATION"  # vLLM's share of a GPU (its default: 0.9)
+# the engine's busy-wait before it sleeps: 2 ms cost no measurable decode speed here, 1 s
+# (vLLM's) took a core from the trainer or another server (runtime/vllm_plugin.py)
+ENGINE_SPIN_MS = 2.0
 
 
 def vllm_args(
@@ -258,12 +262,18 @@ async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
 
 def serve_main(
     model_dir: str, host: str = "127.0.0.1", port: int = 8400, policy: GuardPolicy | None = None,
-    max_model_len: int = 512, max_num_seqs: int = 64,
+    max_model_len: int = 512, max_num_seqs: int = 64, engine_spin_ms: float = ENGINE_SPIN_MS,
 ) -> None:  # fmt: skip
-    """Serve ``model_dir`` until interrupted (``python -m runtime.server``, ``tandem serve``)."""
+    """Serve ``model_dir`` until interrupted (``python -m runtime.server``, ``tandem serve``).
+
+    ``engine_spin_ms``: how long the engine's processes busy-wait for each other's next
+    message before they sleep (runtime/vllm_plugin.py; vLLM's own: 1000)."""
     if policy is None or (policy.token is None and not policy.insecure_no_token):
         raise ValueError("the control routes need a token (or insecure_no_token)")
+    if not engine_spin_ms >= 0:
+        raise ValueError(f"--engine-spin-ms {engine_spin_ms}: expected milliseconds >= 0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ[SPIN_ENV] = str(engine_spin_ms)  # read by the plugin in each engine process
     reap_forks_with_parent()  # before vLLM forks its engine core and worker
     args = vllm_args(model_dir, host, port, max_model_len, max_num_seqs)
     asyncio.run(_serve(args, policy))
@@ -279,6 +289,12 @@ def main() -> None:
     parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument(
+        "--engine-spin-ms",
+        type=float,
+        default=float(os.environ.get(SPIN_ENV) or ENGINE_SPIN_MS),
+        help="busy-wait of the engine's processes before they sleep (vLLM's own: 1000)",
+    )
     ns = parser.parse_args()
     if ns.token is None and not ns.insecure_no_token:
         sys.exit(
@@ -286,7 +302,10 @@ def main() -> None:
             "TANDEM_TOKEN), or --insecure-no-token to leave them open"
         )
     policy = GuardPolicy(token=ns.token, api_key=ns.api_key, insecure_no_token=ns.insecure_no_token)
-    serve_main(ns.model_dir, ns.host, ns.port, policy, ns.max_model_len, ns.max_num_seqs)
+    serve_main(
+        ns.model_dir, ns.host, ns.port, policy, ns.max_model_len, ns.max_num_seqs,
+        ns.engine_spin_ms,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ def token() -> str:
 
 
 @pytest.fixture(scope="session")
-def server(model_dir, token, tmp_path_factory):
-    """(base_url, token) of a running server; stopped at the end of the session."""
+def server_process(model_dir, token, tmp_path_factory):
+    """A running server (runtime.procs.ServerProcess); stopped at the end of the session."""
     gen_cores, _ = split_cores(1)
     log_dir = Path(tmp_path_factory.mktemp("server-logs"))
     proc = start_server(
@@ -32,6 +32,12 @@ def server(model_dir, token, tmp_path_factory):
     )
     try:
         wait_healthy(proc, timeout_s=float(os.environ.get("TANDEM_SERVER_TIMEOUT_S", "400")))
-        yield proc.base_url
+        yield proc
     finally:
         stop_server(proc)
+
+
+@pytest.fixture(scope="session")
+def server(server_process) -> str:
+    """The base URL of the session's server (its token: the ``token`` fixture)."""
+    return server_process.base_url
