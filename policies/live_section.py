@@ -45,7 +45,7 @@ class LiveSection(Section):
     trainer_threads: int | None = count(
         None, ge=1, le=1024,
         description="torch threads of the trainer process; None: one per core it runs on (the "
-        "second half of the cores)",
+        "second half of the cores, or all of them where a mode time-shares them: colocated-sync)",
     )  # fmt: skip
     trainer_nice: int = count(
         0, ge=0, le=19,

@@ -23,6 +23,7 @@ import logging
 import secrets
 from pathlib import Path
 
+from policies.build import mode_of
 from policies.logs import run_log
 from policies.protocols import LengthPredictor
 from policies.records import InflightHandling
@@ -80,7 +81,7 @@ def _run_processes(
     """Start (or attach to) the servers and the trainer, run, stop what was started."""
     model_dir = model_dir_for(spec)
     token = spec.live.token or secrets.token_hex(16)
-    gen_cores, train_cores = split_cores(spec.live.num_servers)
+    gen_cores, train_cores = split_cores(spec.live.num_servers, time_shared=_time_shared(spec))
     started: list[ServerProcess] = []
     trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores, spec.live.trainer_nice)
     servers = Servers([], token)
@@ -100,6 +101,12 @@ def _run_processes(
         for s in started:
             stop_server(s)
         servers.stop_all()  # restarted ones too
+
+
+def _time_shared(spec: RunSpec) -> bool:
+    """Generation and training take turns (colocated modes): while one stage runs the
+    other idles, so the trainer gets every core, not half."""
+    return mode_of(spec).colocated
 
 
 def _servers(spec, model_dir, token, cores, out_dir, started) -> Servers:

@@ -32,14 +32,17 @@ ENGINE_CORES_ENV = "TANDEM_ENGINE_CORES"  # cores the server pins its engine pro
 logger = logging.getLogger(__name__)
 
 
-def split_cores(num_servers: int) -> tuple[list[int], list[int]]:
-    """(generation cores, training cores): the first half generates, the second trains,
-    in every mode. Giving the trainer every core where the stages take turns
-    (``colocated-sync``) was measured 2–3x slower: the idle engine's worker busy-waits on
-    its core for up to a second after each step (docs/live-throughput.md)."""
+def split_cores(num_servers: int, time_shared: bool = False) -> tuple[list[int], list[int]]:
+    """(generation cores, training cores): the first half generates, the second trains;
+    ``time_shared`` (the stages take turns): training gets every core. That needs an
+    engine that sleeps when idle: with vLLM's own 1 s busy-wait the trainer's second
+    thread ran on a spinning core and ``colocated-sync`` was 2-3x slower
+    (runtime/vllm_plugin.py, docs/live-throughput.md)."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return cores, cores
+    if time_shared:
+        return cores[: max(1, len(cores) // 2)], cores
     half = max(1, len(cores) // 2)
     return cores[:half], cores[half:]
 

@@ -1,4 +1,5 @@
-"""Which cores the live stages get, and how many threads the trainer takes there."""
+"""Which cores the live stages get: half and half, or every core to the trainer where the
+stages take turns (colocated modes)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,25 @@ import os
 
 from sharded_harness import make_model_dir
 
+from experiments.specs import config_path
+from policies.spec import load_spec
+from runtime import launcher
 from runtime.procs import split_cores
 
 
-def test_the_stages_split_the_cores_in_every_mode(monkeypatch):
+def test_disaggregated_stages_split_the_cores_and_time_shared_ones_give_training_all(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert split_cores(1) == ([0, 1], [2, 3])
+    assert split_cores(1, time_shared=True) == ([0, 1], [0, 1, 2, 3])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
-    assert split_cores(1) == ([5], [5])
+    assert split_cores(1, time_shared=True) == ([5], [5])
+
+
+def test_only_colocated_modes_time_share_the_cores():
+    live = config_path("live-tiny")
+    assert launcher._time_shared(load_spec(live, ["pipeline.mode=colocated-sync"]))
+    for mode in ("disagg-sync", "stream-async", "pipeline"):
+        assert not launcher._time_shared(load_spec(live, [f"pipeline.mode={mode}"])), mode
 
 
 def test_the_trainer_takes_one_thread_per_core_it_may_run_on_unless_told(tmp_path):
