@@ -193,8 +193,8 @@ def mount_contract(app: FastAPI, control: ServerControl, policy: GuardPolicy) ->
 
 
 GPU_SHARE_ENV = "TANDEM_GPU_MEMORY_UTILIZATION"  # vLLM's share of a GPU (its default: 0.9)
-# the engine's busy-wait before it sleeps: 2 ms cost no measurable decode speed here, 1 s
-# (vLLM's) took a core from the trainer or another server (runtime/vllm_plugin.py)
+# the engine's busy-wait before it sleeps (runtime/vllm_plugin.py): 2 ms spans the round
+# trips inside one decode step; vLLM's own 1 s took a core from the trainer or another server
 ENGINE_SPIN_MS = 2.0
 
 
@@ -226,7 +226,7 @@ def restrict_for_engine_start(cores: str | None) -> set[int]:
     restore once they run, so that this process (the HTTP frontend) runs anywhere.
 
     The scheduler and the worker busy-wait on each other between decode steps (vLLM's
-    shared-memory queue spins for up to a second): on the worker's own core that spin
+    shared-memory queue spins; ``--engine-spin-ms``): on the worker's own core that spin
     yields to the worker; on another core it would take CPU from the trainer."""
     before = os.sched_getaffinity(0)
     if cores:

@@ -24,9 +24,24 @@ def _cpu_s(procs: list[psutil.Process]) -> float:
     return total
 
 
+def _idle(base_url: str) -> bool:
+    """No request running or waiting (another test may have left one decoding)."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    counts = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
+    ]
+    return bool(counts) and not any(counts)
+
+
 def test_idle_engine_processes_use_no_cpu_right_after_a_request(server_process):
     engine = psutil.Process(server_process.proc.pid).children(recursive=True)
     assert engine, "the server started no engine processes"
+    deadline = time.monotonic() + 120
+    while not _idle(server_process.base_url):
+        assert time.monotonic() < deadline, "the server never became idle"
+        time.sleep(0.2)
     body = {"model": "tandem", "prompt": TaskSet(0, 1, 64)[0].text, "max_tokens": 8,
             "temperature": 1.0}  # fmt: skip
     httpx.post(
