@@ -5,13 +5,14 @@ reader busy-waits (``sched_yield`` in a loop) for ``busy_loop_s`` = 1 s after ev
 before it parks on a socket (``SpinCondition`` in
 ``vllm/distributed/device_communicators/shm_broadcast.py``). On a GPU host that second is
 spent on otherwise idle host cores; on the CPU host here it is spent on the core that
-decodes or trains: two servers on one core spent their slices spinning (weight-update
-pauses of 0.5–1.3 s instead of ~0.05 s), and a trainer given the idle engine's core ran
-2–3x slower (docs/live-throughput.md).
+decodes or trains: a trainer given the idle engine's core ran 2–3x slower, and two
+servers on one core spent part of their slices spinning (docs/live-throughput.md).
 
 vLLM loads the ``vllm.general_plugins`` entry points in every process it starts (frontend,
 engine core, workers) before it builds those queues; this one (``pyproject.toml``) sets
-the spin to ``TANDEM_ENGINE_SPIN_MS`` milliseconds when that variable is set. Servers that
+the spin to ``TANDEM_ENGINE_SPIN_MS`` milliseconds when that variable is set, and has a
+parked reader re-read the queue every ``RECHECK_MS`` (vLLM: 5 s; with short spins readers
+park often, and a lost wake-up then stalled a decode step for 5 s). Servers that
 tandem starts set it (``python -m runtime.server --engine-spin-ms``); any other vLLM in the
 same environment is left as it is.
 """

@@ -5,6 +5,7 @@ CPU host that second is taken from the trainer or from another server's engine."
 
 from __future__ import annotations
 
+import os
 import time
 
 import httpx
@@ -53,3 +54,12 @@ def test_idle_engine_processes_use_no_cpu_right_after_a_request(server_process):
     used = _cpu_s(engine) - before
     # with vLLM's 1 s spin the model worker alone burns ~0.8 s of CPU here
     assert used < 0.25, f"engine processes used {used:.2f} s of CPU in 0.8 s idle"
+
+
+def test_server_is_its_own_process_group_in_the_launchers_session(server_process):
+    """Own group: stop_server signals it whole; same session: Linux's autogroup would
+    otherwise schedule each server as a group of its own, and two servers' engines on one
+    core took turns of up to a second (docs/live-throughput.md)."""
+    pid = server_process.proc.pid
+    assert os.getpgid(pid) == pid
+    assert os.getsid(pid) == os.getsid(0)
