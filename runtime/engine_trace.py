@@ -3,8 +3,10 @@
 Runs vLLM's engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so its
 ``Scheduler`` object is reachable) with the given limits, submits every request at once
 (``ignore_eos`` and per-request ``max_tokens``, so each generates exactly its length;
-temperature 1, so requests of one prompt group share their prompt's blocks but not their
-outputs'), and records each ``Scheduler.schedule`` call as a
+temperature 1 over a vocabulary of its own for each sibling, so requests of one prompt
+group share their prompt's blocks but never an output block: with the tiny model's 32
+tokens, free sampling made siblings' outputs collide and vLLM shared those blocks, which
+the simulator cannot know), and records each ``Scheduler.schedule`` call as a
 :class:`policies.records.SchedulerStep`. The simulator replays the same trace with the
 same limits (``sim.replay``) to check that its engine follows vLLM's scheduler.
 
@@ -40,6 +42,21 @@ def prompt_tokens_of(trace: list[TraceRequest], vocab_size: int, seed: int = 0) 
         if r.prompt_group not in prompts:
             prompts[r.prompt_group] = [rng.randrange(3, vocab_size) for _ in range(r.prompt_tokens)]
     return [prompts[r.prompt_group][: r.prompt_tokens] for r in trace]
+
+
+def sibling_vocabularies(trace: list[TraceRequest], vocab_size: int) -> list[list[int]]:
+    """Disjoint token sets for the requests of each prompt group (the n-th sibling of every
+    group samples from the n-th set), so siblings differ from their first output token on
+    and, blocks being hashed with their prefix, share no output block."""
+    siblings: dict[int, int] = {}
+    index = []
+    for r in trace:
+        index.append(siblings.get(r.prompt_group, 0))
+        siblings[r.prompt_group] = index[-1] + 1
+    width = (vocab_size - 3) // max(siblings.values(), default=1)
+    if width < 1:
+        raise ValueError(f"a vocabulary of {vocab_size} tokens is too small for the groups")
+    return [list(range(3 + i * width, 3 + (i + 1) * width)) for i in index]
 
 
 def record_vllm_schedule(
@@ -78,7 +95,10 @@ def record_vllm_schedule(
     vocab = llm.llm_engine.model_config.get_vocab_size()
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_tokens_of(trace, vocab)]
     params = [
-        SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=1.0) for r in trace
+        SamplingParams(
+            max_tokens=r.output_tokens, ignore_eos=True, temperature=1.0, allowed_token_ids=allowed
+        )
+        for r, allowed in zip(trace, sibling_vocabularies(trace, vocab))
     ]
     priority = (
         [int(r.priority) for r in trace] if limits.get("scheduling_policy") == "priority" else None

@@ -2,7 +2,9 @@
 small KV cache runs a skewed fixed-length trace; the simulator replays it with the same
 limits. Measured (2026-12-01, seed 0): fcfs 251 steps, 30 preemptions, mean running 9.30
 in both; priority (LPT) 250, 24, 9.34 in both; 1 and 2 steps of 251/250 differ, each by
-one or two cached blocks (docs/sim-engine.md)."""
+one or two cached blocks (docs/sim-engine.md). Re-measured 2026-12-02 after each sibling got
+a vocabulary of its own (free samples over the tiny model's 32 tokens collided and vLLM
+shared those output blocks: 27 preemptions against 30): the same figures."""
 
 from __future__ import annotations
 
