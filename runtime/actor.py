@@ -120,6 +120,8 @@ class Actor:
         self._push_order = asyncio.Lock()  # pushes reach the trainer in command order
         self._idle = asyncio.Event()  # set while no request is running on any server
         self._idle.set()
+        self._settled = asyncio.Event()  # no push's answers outstanding (runtime.server_faults)
+        self._settled.set()
         self._tasks: set[asyncio.Task] = set()
         self._t0 = 0.0
         self._time_offset_s = 0.0
@@ -294,6 +296,7 @@ class Actor:
     async def _step(self, cmd: OptimizerStep) -> None:
         step = self._global(cmd.step)
         await self._run_train(step, self.groups.close(step))
+        await self._settled.wait()  # the last push's weights are loaded (or pushed again)
         start = self.now()
         stats = await self.trainer.step(step, start)
         entry = dataclasses.asdict(stats)
@@ -333,36 +336,52 @@ class Actor:
         job still queued belongs to a later step: the push goes ahead of them (train
         jobs only accumulate gradients, later steps would change the weights). With
         ``barrier``/``drain`` it first waits for the running requests to finish, outside
-        the trainer's queue, which keeps training the samples streaming in meanwhile."""
+        the trainer's queue, which keeps training the samples streaming in meanwhile.
+        Only the broadcast holds the queue; the servers' answers (after they load) are read
+        while the trainer goes on, and the next optimizer step waits for them."""
+        version = self._global(local_version)
         async with self._push_order:
             if inflight != InflightHandling.KEEP:
                 await self._idle.wait()
-            pushed = asyncio.Event()
+            sent: asyncio.Future[tuple[float, float, list[int]]] = asyncio.Future()
 
             async def job() -> None:
-                await self.push_now(self._global(local_version))
-                pushed.set()
+                self._settled.clear()
+                start = self.now()
+                members = await self.faults.send(version)
+                sent.set_result((start, self.now(), members))
 
             self._jobs.put_first(job)
-            await pushed.wait()
+            start, end, members = await sent
+            try:
+                result, members = await self.faults.settle(version, members)
+            finally:
+                self._settled.set()
+            self._note_push(version, result, members, start, end, self.now())
         for i in self.faults.members:
             if not self.faults.is_lost(i):  # a lost one's view is gone (or going)
                 self._events.put_nowait(WeightsLoaded(self.now(), i, local_version))
 
     async def push_now(self, version: int) -> PushResult:
-        """Push weights ``version`` to every server in the group (re-created first when a
-        server was lost or came back; a push that finds one dead goes again without it)."""
+        """Push ``version`` to the group's servers, answers included (runtime.server_faults)."""
         start = self.now()
         result, members = await self.faults.push(version)
         end = self.now()
+        self._note_push(version, result, members, start, end, end)
+        return result
+
+    def _note_push(
+        self, version: int, result: PushResult, members: list[int], start: float, sent: float,
+        end: float,
+    ) -> None:  # fmt: skip
+        """Record a push: the trainer's span (to the broadcast's end), the servers' pauses."""
         self.pauses_s += result.pause_s
         self._note_stages(version, result)
         # a transfer carries the step whose weights it moves (as the simulator's links do)
         step = version - 1 if version > 0 else None
-        self.recorder.span(TRAINER, SpanKind.WEIGHT_SYNC, start, end, iteration=step)
+        self.recorder.span(TRAINER, SpanKind.WEIGHT_SYNC, start, sent, iteration=step)
         for i, pause_s in zip(members, result.pause_s):
             self.recorder.span(generation_resource(i), SpanKind.WEIGHT_SYNC, end - pause_s, end)
-        return result
 
     def _note_stages(self, version: int, result: PushResult) -> None:
         """Each server's receive / check / load milliseconds of the push that carried a

@@ -165,6 +165,15 @@ class TrainerRank:
     def push_weights(self, version: int) -> PushResult:
         return self._w.push_weights(version)
 
+    def send_weights(self, version: int) -> None:
+        self._w.send_weights(version)
+
+    def answers_ready(self) -> bool:
+        return self._w.answers_ready()
+
+    def push_answers(self) -> PushResult:
+        return self._w.push_answers()
+
     @property
     def _w(self) -> TrainerWorker:
         if self._worker is None:

@@ -22,7 +22,7 @@ from runtime.ray_actors import Placed, ServerInfo
 from runtime.recorder import DataPosition
 from runtime.supervisor import Servers, ServerSlot
 from runtime.trainer import TrainItem
-from runtime.trainer_proc import PushResult, ServerAddr
+from runtime.trainer_proc import ANSWER_POLL_S, PushResult, ServerAddr
 
 STOP_TIMEOUT_S = 20.0
 
@@ -175,8 +175,20 @@ class RayTrainerGroup:
         await self._one(0, "join_group", self.ranks[0].join_group.remote(servers, free, backend))
 
     async def push_weights(self, version: int) -> PushResult:
+        await self.send_weights(version)
+        return await self.push_answers()
+
+    async def send_weights(self, version: int) -> None:
+        """Gather the full weights on rank 0 (a collective), which broadcasts them."""
         await self._all("gather_weights", lambda r: r.gather_weights.remote())
-        return await self._one(0, "push_weights", self.ranks[0].push_weights.remote(version))
+        await self._one(0, "send_weights", self.ranks[0].send_weights.remote(version))
+
+    async def push_answers(self) -> PushResult:
+        """Polled, as ``TrainerProcess.push_answers``: rank 0 runs one call at a time."""
+        rank0 = self.ranks[0]
+        while not await self._one(0, "answers_ready", rank0.answers_ready.remote()):
+            await asyncio.sleep(ANSWER_POLL_S)
+        return await self._one(0, "push_answers", rank0.push_answers.remote())
 
     async def train(self, items: list[TrainItem], now_s: float) -> float:
         return (await self._all("train", lambda r: r.train.remote(items, now_s)))[0]

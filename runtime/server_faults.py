@@ -186,18 +186,44 @@ class ServerFaults:
         push finds dead are marked lost and the push goes again without them."""
         failures: dict[int, str] = {}
         for _ in range(MAX_PUSH_ATTEMPTS):
-            members = sorted(i for i, s in self._state.items() if s in IN_GROUP)
-            if not members:
-                raise ServersLost(f"no generation server left to take weights {version}")
-            if (self._group_stale or members != self.members) and not await self._rejoin(members):
+            members = await self._send_once(version)
+            if members is None:
                 continue  # a server died while the group was made: again without it
-            result = await self.actor.trainer.push_weights(version)
+            result = await self.actor.trainer.push_answers()
             if not result.failures:
                 self._welcome(version)
                 return result, members
             failures = {members[k]: reason for k, reason in result.failures.items()}
             await self._lose_failed(members, result)
         raise LiveRunError(f"weight push of version {version} failed: {failures}")
+
+    async def send(self, version: int) -> list[int]:
+        """The first half of a push: the weights broadcast to the group's servers (the group
+        re-created when they changed); the members. :meth:`settle` reads their answers."""
+        for _ in range(MAX_PUSH_ATTEMPTS):
+            members = await self._send_once(version)
+            if members is not None:
+                return members
+        raise LiveRunError(f"weight push of version {version}: the weight group could not be made")
+
+    async def settle(self, version: int, members: list[int]) -> tuple[PushResult, list[int]]:
+        """The answers to :meth:`send`; where servers failed, those found dead are marked
+        lost and the whole push goes again (:meth:`push`) with the others."""
+        result = await self.actor.trainer.push_answers()
+        if not result.failures:
+            self._welcome(version)
+            return result, members
+        await self._lose_failed(members, result)
+        return await self.push(version)
+
+    async def _send_once(self, version: int) -> list[int] | None:
+        members = sorted(i for i, s in self._state.items() if s in IN_GROUP)
+        if not members:
+            raise ServersLost(f"no generation server left to take weights {version}")
+        if (self._group_stale or members != self.members) and not await self._rejoin(members):
+            return None
+        await self.actor.trainer.send_weights(version)
+        return members
 
     async def _rejoin(self, members: list[int]) -> bool:
         """Make the weight group of ``members``; False if one of them turned out dead."""

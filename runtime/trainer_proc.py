@@ -15,6 +15,12 @@ worker per rank, e.g. one Ray actor each). Then ``initialise``, ``train``, ``ste
 the caller runs on every rank at once; ``join_group`` and ``push_weights`` run on rank 0
 only. A push on M ranks is: ``gather_weights()`` on every rank (the full tensors land on
 rank 0), then ``push_weights(version)`` on rank 0, which sends what it gathered.
+
+A push has two halves: ``send_weights`` asks every server for the update and broadcasts
+the tensors; ``push_answers`` waits for the servers' answers (each checks and loads what it
+received, then resumes). ``push_weights`` is both. The trainer is free between the two: the
+actor trains the next samples while the servers load (their answers take as long as the
+broadcast itself and more, and the trainer's core has nothing to do meanwhile).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from runtime.trainer import Trainer, TrainerConfig, TrainItem, write_state
 
 JOIN_TIMEOUT_S = 60.0  # every rank must have joined the weight group by then
 PUSH_TIMEOUT_S = 30.0  # a server answers an update within this (it receives for 3/4 of it)
+ANSWER_POLL_S = 0.002  # how often the actor asks whether the servers answered a push
 
 
 @dataclass(slots=True, frozen=True)
@@ -114,6 +121,7 @@ class TrainerWorker:
         self.trainer = trainer if trainer is not None else Trainer(config)
         self.servers: list[ServerAddr] = []
         self._gathered: list[tuple[str, Any]] | None = None  # by gather_weights, for a push
+        self._pending: tuple[int, list[threading.Thread], list] | None = None  # sent, unanswered
         # one pooled client for every control call: a new httpx client costs tens of ms
         # (it builds a TLS context), which would sit on every push's critical path
         self.http = httpx.Client()
@@ -153,6 +161,16 @@ class TrainerWorker:
         """Send the weights to every server of the group; a server that fails is named in
         ``failures`` (and the group is left: re-create it before the next push). Uses
         what :meth:`gather_weights` gathered, if it was called since the last push."""
+        self.send_weights(version)
+        return self.push_answers()
+
+    def send_weights(self, version: int) -> None:
+        """The first half of :meth:`push_weights`: ask every server for the update and
+        broadcast the tensors; the servers' answers are left to :meth:`push_answers`."""
+        if self._pending is not None:
+            raise RuntimeError(
+                f"weights {version} sent before the answers to {self._pending[0]} were read"
+            )
         named, self._gathered = self._gathered, None
         if named is None:
             named = self.trainer.named_weights()
@@ -164,10 +182,23 @@ class TrainerWorker:
             self.http, self.servers, "/request_weight_update", [body] * len(self.servers),
             PUSH_TIMEOUT_S + 10,
         )  # fmt: skip
+        self._pending = (version, threads, out)
         try:
             self.trainer.sender.send(flats, PUSH_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - a peer died or stalled: its answer says which
             self.trainer.sender.leave()  # closes the group, so the others stop waiting
+
+    def answers_ready(self) -> bool:
+        """Have all the servers answered the last :meth:`send_weights`? (does not wait)"""
+        if self._pending is None:
+            raise RuntimeError("answers_ready without weights sent")
+        return not any(t.is_alive() for t in self._pending[1])
+
+    def push_answers(self) -> PushResult:
+        """Every server's answer to the last :meth:`send_weights` (waits for them)."""
+        if self._pending is None:
+            raise RuntimeError("push_answers without weights sent")
+        (version, threads, out), self._pending = self._pending, None
         answers = _answers(threads, out, "/request_weight_update")
         failures = {i: a for i, a in enumerate(answers) if isinstance(a, str)}
         if failures:
@@ -213,7 +244,10 @@ class TrainerWorker:
         return {n: tensor_checksum(t) for n, t in self.trainer.named_weights()}
 
 
-_CALLS = ("initialise", "join_group", "push_weights", "train", "step", "checkpoint", "checksums")
+_CALLS = (
+    "initialise", "join_group", "push_weights", "send_weights", "answers_ready", "push_answers",
+    "train", "step", "checkpoint", "checksums",
+)  # fmt: skip
 
 
 def _serve_calls(
@@ -249,6 +283,8 @@ class TrainerClient(Protocol):
         self, servers: list[ServerAddr], host: str, port: int, backend: str
     ) -> None: ...
     async def push_weights(self, version: int) -> PushResult: ...
+    async def send_weights(self, version: int) -> None: ...
+    async def push_answers(self) -> PushResult: ...
     async def train(self, items: list[TrainItem], now_s: float) -> float: ...
     async def step(self, step: int, now_s: float) -> StepStats: ...
     async def checkpoint(self, path: str, position: DataPosition) -> None: ...
@@ -295,6 +331,18 @@ class TrainerProcess:
 
     async def push_weights(self, version: int) -> PushResult:
         return await self._call("push_weights", version)
+
+    async def send_weights(self, version: int) -> None:
+        """Ask the servers for the update and broadcast; the answers: :meth:`push_answers`."""
+        await self._call("send_weights", version)
+
+    async def push_answers(self) -> PushResult:
+        """The servers' answers. The child runs one call at a time, so this asks every few
+        milliseconds whether they are in rather than waiting inside it: train calls go on
+        between the polls."""
+        while not await self._call("answers_ready"):
+            await asyncio.sleep(ANSWER_POLL_S)
+        return await self._call("push_answers")
 
     async def train(self, items: list[TrainItem], now_s: float) -> float:
         """Forward and backward over ``items`` into the current step; the loss."""

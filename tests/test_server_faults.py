@@ -90,6 +90,7 @@ class FakeTrainer:
         self.trained: list[int] = []
         self.group: list[str] = [f"http://fake-{i}" for i in world.served]
         self.joins: list[list[str]] = []
+        self.sent: int | None = None
 
     async def train(self, items, now_s):
         self.trained += [it.sample_id for it in items]
@@ -105,7 +106,12 @@ class FakeTrainer:
         self.group = [s.base_url for s in servers]
         self.joins.append(self.group)
 
-    async def push_weights(self, version):
+    async def send_weights(self, version):
+        self.sent = version
+
+    async def push_answers(self):
+        assert self.sent is not None, "answers read before weights were sent"
+        version, self.sent = self.sent, None
         ids = [int(url.rsplit("-", 1)[1]) for url in self.group]
         failures = {k: "ConnectError" for k, i in enumerate(ids) if i in self.world.dead}
         for i in ids:
@@ -253,3 +259,46 @@ def test_elastic_adds_a_server_that_serves_current_weights_then_retires_it_drain
     assert all(s.gen_end_s <= retired.time_s for s in served)
     assert world.stopped == [2]
     assert trainer.joins[-1] == ["http://fake-0", "http://fake-1"]  # left the group
+
+
+class LoadingTrainer(FakeTrainer):
+    """Servers that take a while to load: the answers to a push come only once the trainer
+    has trained again (or after ~0.5 s); every call is logged in order."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        super().__init__(world)
+        self.log: list[tuple[str, int]] = []
+
+    async def send_weights(self, version):
+        self.log.append(("send", version))
+        await super().send_weights(version)
+
+    async def push_answers(self):
+        for _ in range(500):
+            if self.log[-1][0] != "send":
+                break
+            await asyncio.sleep(0.001)
+        result = await super().push_answers()
+        self.log.append(("answers", result.version))
+        return result
+
+    async def train(self, items, now_s):
+        self.log.append(("train", len(items)))
+        return await super().train(items, now_s)
+
+    async def step(self, step, now_s):
+        self.log.append(("step", step))
+        return await super().step(step, now_s)
+
+
+def test_the_trainer_trains_while_the_servers_load_and_steps_only_once_they_answered():
+    actor, world, _, _ = _actor("pipeline", 1, break_after=None, restart=False, iterations=4)
+    trainer = LoadingTrainer(world)
+    actor.trainer = trainer
+    asyncio.run(_run(actor))
+    log = trainer.log
+    for version in (1, 2, 3):  # pushed after steps 0, 1, 2 (the run ends at step 3)
+        between = log[log.index(("send", version)) + 1 : log.index(("answers", version))]
+        assert any(kind == "train" for kind, _ in between), (version, log)
+        assert not any(kind == "step" for kind, _ in between), (version, log)
+    assert sorted(trainer.trained) == list(range(4 * BATCH))

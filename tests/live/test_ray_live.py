@@ -68,13 +68,15 @@ def cluster():
 
 @pytest.fixture
 def served_weights(monkeypatch, token):
-    """After every weight push, whether each server's checksums equal the trainer's."""
+    """After every weight push, whether each server's checksums equal the trainer's: a
+    push whole (``push``: the run's first load) or its second half (``settle``: the
+    answers to an in-flight push; the next optimizer step waits for it, so the trainer's
+    weights are still the ones pushed)."""
     checks: list[tuple[int, bool]] = []
-    push = ServerFaults.push
+    push, settle = ServerFaults.push, ServerFaults.settle
 
-    async def checked(self: ServerFaults, version: int):
-        result, members = await push(self, version)
-        mine = await self.actor.trainer.checksums()  # no trainer job runs during a push
+    async def check(self: ServerFaults, version: int, members: list[int]) -> None:
+        mine = await self.actor.trainer.checksums()
         for i in members:
             url = self.actor.clients[i].base_url + "/weights/checksums"
             served = httpx.get(url, headers={"Authorization": f"Bearer {token}"}).json()
@@ -84,9 +86,19 @@ def served_weights(monkeypatch, token):
                     [total, squares], rel=1e-9, abs=1e-9
                 )
             checks.append((version, same))
+
+    async def checked_push(self: ServerFaults, version: int):
+        result, members = await push(self, version)
+        await check(self, version, members)
         return result, members
 
-    monkeypatch.setattr(ServerFaults, "push", checked)
+    async def checked_settle(self: ServerFaults, version: int, members: list[int]):
+        result, members = await settle(self, version, members)
+        await check(self, version, members)
+        return result, members
+
+    monkeypatch.setattr(ServerFaults, "push", checked_push)
+    monkeypatch.setattr(ServerFaults, "settle", checked_settle)
     return checks
 
 
