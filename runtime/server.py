@@ -196,6 +196,12 @@ GPU_SHARE_ENV = "TANDEM_GPU_MEMORY_UTILIZATION"  # vLLM's share of a GPU (its de
 # the engine's busy-wait before it sleeps (runtime/vllm_plugin.py): 2 ms spans the round
 # trips inside one decode step; vLLM's own 1 s took a core from the trainer or another server
 ENGINE_SPIN_MS = 2.0
+EXECUTOR_ENV = "TANDEM_ENGINE_EXECUTOR"
+# "uni": the model runs inside the engine-core process; "mp" (what vLLM's CPU platform
+# picks by itself): in a worker process of its own, fed through a shared-memory queue
+# whose spin and zmq wake-ups took ~70% of the engine core's CPU and ~30% of the worker's
+# with the tiny model (py-spy; docs/live-throughput.md)
+EXECUTORS = ("uni", "mp")
 
 
 def vllm_args(
@@ -263,15 +269,22 @@ async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
 def serve_main(
     model_dir: str, host: str = "127.0.0.1", port: int = 8400, policy: GuardPolicy | None = None,
     max_model_len: int = 512, max_num_seqs: int = 64, engine_spin_ms: float = ENGINE_SPIN_MS,
+    executor: str = "uni",
 ) -> None:  # fmt: skip
     """Serve ``model_dir`` until interrupted (``python -m runtime.server``, ``tandem serve``).
 
     ``engine_spin_ms``: how long the engine's processes busy-wait for each other's next
-    message before they sleep (runtime/vllm_plugin.py; vLLM's own: 1000)."""
+    message before they sleep (runtime/vllm_plugin.py; vLLM's own: 1000). ``executor``:
+    where the model runs (``EXECUTORS``)."""
     if policy is None or (policy.token is None and not policy.insecure_no_token):
         raise ValueError("the control routes need a token (or insecure_no_token)")
     if not engine_spin_ms >= 0:
         raise ValueError(f"--engine-spin-ms {engine_spin_ms}: expected milliseconds >= 0")
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    # vLLM's CPU platform keeps the in-process ("uni") executor only when this is "0"; its
+    # async frontend runs the engine core in a process of its own either way
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if executor == "uni" else "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ[SPIN_ENV] = str(engine_spin_ms)  # read by the plugin in each engine process
     reap_forks_with_parent()  # before vLLM forks its engine core and worker
@@ -295,6 +308,12 @@ def main() -> None:
         default=float(os.environ.get(SPIN_ENV) or ENGINE_SPIN_MS),
         help="busy-wait of the engine's processes before they sleep (vLLM's own: 1000)",
     )
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default=os.environ.get(EXECUTOR_ENV) or "uni",
+        help="uni: the model runs in the engine-core process; mp: in a worker of its own",
+    )
     ns = parser.parse_args()
     if ns.token is None and not ns.insecure_no_token:
         sys.exit(
@@ -304,7 +323,7 @@ def main() -> None:
     policy = GuardPolicy(token=ns.token, api_key=ns.api_key, insecure_no_token=ns.insecure_no_token)
     serve_main(
         ns.model_dir, ns.host, ns.port, policy, ns.max_model_len, ns.max_num_seqs,
-        ns.engine_spin_ms,
+        ns.engine_spin_ms, ns.executor,
     )  # fmt: skip
 
 

@@ -201,3 +201,11 @@ def test_a_server_port_already_taken_is_refused_before_anything_starts(tmp_path)
         ):
             start_server(0, "no-model", "127.0.0.1", port, "t", [0], 1.0, 64, 4, tmp_path)
     assert not list(tmp_path.iterdir())  # no log: nothing was started
+
+
+def test_server_refuses_an_unknown_executor_by_its_option_name():
+    from runtime.guard import GuardPolicy
+    from runtime.server import serve_main
+
+    with pytest.raises(ValueError, match=r"--executor 'threads'.*uni, mp"):
+        serve_main(str(REPO), policy=GuardPolicy(token="t"), executor="threads")

@@ -63,3 +63,11 @@ def test_server_is_its_own_process_group_in_the_launchers_session(server_process
     pid = server_process.proc.pid
     assert os.getpgid(pid) == pid
     assert os.getsid(pid) == os.getsid(0)
+
+
+def test_model_runs_inside_the_engine_core_process(server_process):
+    """The default "uni" executor: no worker process of its own, so no shared-memory queue
+    between scheduler and model (runtime/server.py EXECUTORS)."""
+    names = [p.name() for p in psutil.Process(server_process.proc.pid).children(recursive=True)]
+    assert sum(n.startswith("VLLM::EngineCore") for n in names) == 1, names
+    assert not [n for n in names if n.startswith("VLLM::Worker")], names
