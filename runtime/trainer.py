@@ -77,21 +77,31 @@ def _pad(rows: list[list[float]], value: float, dtype: torch.dtype) -> torch.Ten
 
 
 def token_logprobs(model, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of each output token given its prefix ([batch, max_out]) and the mask."""
-    seqs = [list(it.prompt_ids) + list(it.output_ids) for it in items]
+    """Log-probs of each output token given its prefix ([batch, max_out]) and the mask.
+
+    The sequences go through the model packed end to end in one row, each with positions
+    from 0 (transformers then masks attention to stay inside each sequence): no padding,
+    where padding a micro-batch to its longest sequence had the trainer compute ~2x the
+    real tokens on the long-tailed answers (docs/live-throughput.md)."""
     device = next(model.parameters()).device  # the model's (a sharded trainer's: this rank's)
-    ids = _pad(seqs, 0, torch.long).to(device)
-    logits = model(input_ids=ids).logits.float()
-    logp_all = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    seqs = [list(it.prompt_ids) + list(it.output_ids) for it in items]
+    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=device)
+    positions = torch.cat([torch.arange(len(s)) for s in seqs]).to(device)
+    # use_cache=False: with a cache transformers would not read the packing from positions
+    logits = model(input_ids=flat[None], position_ids=positions[None], use_cache=False).logits[0]
     width = max(len(it.output_ids) for it in items)
-    mask = torch.zeros(len(items), width, device=device)
-    rows = []
-    for i, it in enumerate(items):
+    where = torch.zeros(len(items), width, dtype=torch.long)  # the position predicting each
+    mask = torch.zeros(len(items), width)
+    start = 0
+    for i, (it, seq) in enumerate(zip(items, seqs)):
         p, n = len(it.prompt_ids), len(it.output_ids)
-        rows.append(logp_all[i, p - 1 : p - 1 + n])
+        where[i, :n] = torch.arange(start + p - 1, start + p - 1 + n)
         mask[i, :n] = 1.0
-    out = torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows])
-    return out, mask
+        start += len(seq)
+    where, mask = where.to(device), mask.to(device)
+    targets = flat[(where + 1).clamp(max=flat.numel() - 1)]
+    logp = torch.log_softmax(logits[where].float(), dim=-1).gather(-1, targets[..., None])[..., 0]
+    return logp * mask, mask
 
 
 class Trainer:
@@ -136,8 +146,8 @@ class Trainer:
 
     def train(self, items: list[TrainItem], now_s: float) -> float:
         """Forward and backward over ``items``, accumulated into the current step: in
-        micro-batches of ``micro_batch_samples`` sequences of similar length (sorted, so
-        that a whole batch handed over at once is not padded to its longest sample)."""
+        micro-batches of ``micro_batch_samples`` sequences (sorted by length, each packed
+        into one row: :func:`token_logprobs`)."""
         if not items:
             return 0.0
         start = time.perf_counter()

@@ -47,3 +47,24 @@ def test_one_call_in_micro_batches_accumulates_the_gradient_of_the_whole_batch(m
         assert torch.allclose(split[name], g, rtol=1e-4, atol=1e-6), name
         assert torch.allclose(streamed[name], g, rtol=1e-4, atol=1e-6), name
     assert any(g.abs().sum() > 0 for g in whole.values())
+
+
+def test_packed_sequences_see_only_themselves(model_dir):
+    """token_logprobs packs a micro-batch into one row: each sequence's log-probs equal
+    those of the sequence run alone (attention leaking across sequences would differ)."""
+    from runtime.trainer import token_logprobs
+
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    trainer = Trainer(TrainerConfig(model_dir, batch_size=8))
+    trainer.initialise()
+    items = _items(8, vocab)
+    with torch.no_grad():
+        packed, mask = token_logprobs(trainer.model, items)
+        for i, it in enumerate(items):
+            ids = torch.tensor([list(it.prompt_ids) + list(it.output_ids)])
+            logits = trainer.model(input_ids=ids, use_cache=False).logits[0].float()
+            p, n = len(it.prompt_ids), len(it.output_ids)
+            alone = torch.log_softmax(logits[p - 1 : p - 1 + n], -1)
+            alone = alone.gather(-1, torch.tensor(it.output_ids)[:, None])[:, 0]
+            assert torch.allclose(packed[i, :n], alone, atol=1e-5), i
+            assert mask[i, :n].all() and not mask[i, n:].any() and not packed[i, n:].any()
