@@ -1,9 +1,12 @@
 """The generation server's control plane: weight group, in-flight weight updates, version.
 
-The objects the HTTP handlers of :mod:`runtime.server` call. An update pauses generation
-with ``mode="keep", clear_cache=False`` (running sequences keep their KV cache), receives
-and loads every tensor inside the vLLM worker (:class:`runtime.weight_sync.WeightReceiver`),
-sets the version and resumes. Any failure resumes on the previous weights. New requests
+The objects the HTTP handlers of :mod:`runtime.server` call. An update receives and loads
+every tensor inside the vLLM worker (:class:`runtime.weight_sync.WeightReceiver`) between
+two engine steps, running sequences keeping their KV cache, and sets the version. vLLM's
+engine core runs such a call between steps; only an engine that overlaps steps (async
+scheduling, a batch queue) is paused first with ``mode="keep", clear_cache=False`` and
+resumed after (:func:`steps_overlap`): the pause and resume were two more round trips
+to the engine per push, each leaving it idle (docs/live-throughput.md). Any failure resumes on the previous weights. New requests
 are admitted between updates only and salted with the served version, so prompt KV is
 shared within one weight version (:mod:`runtime.prompt_cache`).
 
@@ -131,6 +134,13 @@ def check_digests(metas: list[ParamMeta], digests: list[BucketDigest]) -> None:
         )
 
 
+def steps_overlap(engine) -> bool:
+    """Whether ``engine`` (vLLM's AsyncLLM) may have a model step in flight while its
+    engine core handles a utility call; unknown counts as yes."""
+    batches = getattr(getattr(engine, "vllm_config", None), "max_concurrent_batches", None)
+    return not isinstance(batches, int) or batches > 1
+
+
 class ServerControl:
     """Holds the engine client, the served weight version and the update lock."""
 
@@ -150,6 +160,7 @@ class ServerControl:
         self._lock = asyncio.Lock()
         self._not_updating = asyncio.Event()  # cleared while an update is loaded
         self._not_updating.set()
+        self.pauses = steps_overlap(engine)  # else updates run between steps unpaused
 
     def salt_requests(self) -> None:
         """Salt every request the engine admits with the served version (any route)."""
@@ -185,12 +196,14 @@ class ServerControl:
             start = time.perf_counter()
             self._not_updating.clear()
             try:
-                await self._pause()
+                if self.pauses:
+                    await self._pause()
                 paused = time.perf_counter()
                 stages = await self._receive(version, wire, digests, timeout_s)
                 received = time.perf_counter()
             finally:
-                await self.engine.resume_generation()
+                if self.pauses:
+                    await self.engine.resume_generation()
                 self._not_updating.set()
                 self.last_pause_s = time.perf_counter() - start
         stages = {
@@ -214,7 +227,10 @@ class ServerControl:
                 raise UpdateRejected(failure["field"], failure["message"], status)
         self.version = version
         self.num_updates += 1
-        self.history.served(version, time.monotonic())  # nothing is scheduled while paused
+        # from when the worker had loaded it (its clock: CLOCK_MONOTONIC, shared by the
+        # processes); no step ran between its receive and then
+        loaded = [a.pop("loaded_at", None) for a in per_worker]
+        self.history.served(version, min([t for t in loaded if t] or [time.monotonic()]))
         return per_worker[0] if per_worker else {}
 
     async def _rpc(self, method: str, timeout_s: float, args: tuple) -> list:

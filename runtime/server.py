@@ -97,6 +97,7 @@ class HealthResponse(_Body):
     version: int
     num_updates: int
     last_pause_s: float | None
+    pauses_for_updates: bool  # False: an update loads between two engine steps unpaused
 
 
 def control_router(control: ServerControl) -> APIRouter:
@@ -110,6 +111,7 @@ def control_router(control: ServerControl) -> APIRouter:
             version=control.version,
             num_updates=control.num_updates,
             last_pause_s=control.last_pause_s,
+            pauses_for_updates=control.pauses,
         )
         return JSONResponse(body.model_dump(), status_code=503 if control.stuck else 200)
 

@@ -356,6 +356,7 @@ class WeightReceiver:
             "receive_ms": (t1 - t0) * 1e3,
             "check_ms": (t2 - t1) * 1e3,
             "load_ms": (t3 - t2) * 1e3,
+            "loaded_at": time.monotonic(),  # steps scheduled after this use these weights
         }
 
     def _tandem_broadcasts(self, group, metas, buckets, flats, deadline: float):

@@ -169,3 +169,16 @@ def test_the_trainers_store_listens_on_the_given_host_only():
     finally:
         make_group("127.0.0.1", port, 1, 2, "gloo", 20.0)  # lets rank 0 finish
         rank0.join()
+
+
+def test_updates_pause_only_engines_that_overlap_steps():
+    from types import SimpleNamespace
+
+    from runtime.control import steps_overlap
+
+    def engine(batches):
+        return SimpleNamespace(vllm_config=SimpleNamespace(max_concurrent_batches=batches))
+
+    assert not steps_overlap(engine(1))  # a utility call runs between two steps
+    assert steps_overlap(engine(2))  # async scheduling or pipeline parallel: pause first
+    assert steps_overlap(SimpleNamespace())  # unknown engine: pause

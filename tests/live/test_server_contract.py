@@ -71,6 +71,8 @@ def test_batch_route_streams_each_completion_with_ids_logprobs_and_versions(serv
 
 
 def test_inflight_update_lets_requests_finish_and_spans_both_versions(server, worker):
+    # the uni executor runs one step at a time: updates load between steps, unpaused
+    assert httpx.get(server + "/health").json()["pauses_for_updates"] is False
     version = int(httpx.get(server + "/health").json()["version"]) + 1
     _train_once(worker, version - 1)
     out: dict = {}
