@@ -130,6 +130,7 @@ def controller_config(spec: RunSpec, micro_batch_samples: int) -> ControllerConf
         max_lag=_staleness_bound(mode, p.max_lag, p.steps_per_generation),
         inflight=p.inflight if mode.continuous else InflightHandling.BARRIER,
         steps_per_wave=p.steps_per_generation if mode.conventional else 1,
+        push_every=p.push_every if mode.continuous else 1,
     )
 
 

@@ -202,6 +202,11 @@ class PipelineSection(_Section):
         le=MAX_ITERATIONS,
         description="pipeline mode: max versions a sample may lag (unset: 4)",
     )  # after mode and steps_per_generation: its check reads them
+    push_every: int = count(
+        1, ge=1, le=MAX_ITERATIONS,
+        description="pipeline mode: push weights to the servers every this many optimizer "
+        "steps (1: every step, as PipelineRL); max_lag still bounds staleness",
+    )  # fmt: skip
 
     @field_validator("mode")
     @classmethod
@@ -218,6 +223,14 @@ class PipelineSection(_Section):
         traits = MODES.get(mode)
         bound = traits.staleness_bound(value, steps)
         return bound if traits.fixed_lag(steps) is None else value
+
+    @field_validator("push_every")
+    @classmethod
+    def _pushes_of_the_mode(cls, value: int, info: ValidationInfo) -> int:
+        mode = info.data.get("mode")
+        if value != 1 and mode is not None and not MODES.get(mode).continuous:
+            raise ValueError(f"{value} applies to mode 'pipeline' only, not {mode!r}: leave it 1")
+        return value
 
     @field_validator("inflight")
     @classmethod
@@ -342,7 +355,8 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
     Overrides apply to the resolved spec, so list items and defaults can be set. One that
     switches ``pipeline.mode`` to a mode fixing its own lag, without setting
     ``pipeline.max_lag`` too, drops the old spec's ``max_lag``: that belonged to the old
-    mode (a ``pipeline`` base, or live-tiny's lag for ``pipeline`` runs)."""
+    mode (a ``pipeline`` base, or live-tiny's lag for ``pipeline`` runs); likewise one
+    switching to a mode that is not continuous drops ``pipeline.push_every``."""
     data = apply_overrides(spec.model_dump(mode="json"), overrides)
     keys = {".".join(parse_override(text)[0]) for text in overrides}
     pipeline = data.get("pipeline")
@@ -351,6 +365,10 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
         fixes_lag = mode in MODES and MODES.get(mode).fixed_lag(1) is not None
         if mode != spec.pipeline.mode and fixes_lag:
             pipeline["max_lag"] = None
+    if isinstance(pipeline, dict) and "pipeline.push_every" not in keys:
+        mode = pipeline.get("mode")
+        if mode != spec.pipeline.mode and mode in MODES and not MODES.get(mode).continuous:
+            pipeline["push_every"] = 1
     return spec_from_dict(data)
 
 

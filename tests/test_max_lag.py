@@ -88,3 +88,35 @@ def test_the_reproduction_grids_set_max_lag_only_where_it_means_something(budget
         spec = point.spec()  # validates
         if any(o.startswith("pipeline.max_lag=") for o in point.overrides):
             assert spec.pipeline.mode == "pipeline", point
+
+
+def test_push_every_is_the_pipeline_modes_and_dropped_when_switching_away():
+    spec = make_spec({"pipeline.mode": "pipeline", "pipeline.push_every": 3})
+    assert controller_config(spec, 1).push_every == 3
+    with pytest.raises(SpecError, match=r"pipeline\.push_every: .*pipeline"):
+        make_spec({"pipeline.mode": "stream-async", "pipeline.push_every": 2})
+    switched = override_spec(spec, ["pipeline.mode=disagg-sync"])
+    assert switched.pipeline.push_every == 1 and controller_config(switched, 1).push_every == 1
+
+
+def test_pipeline_pushes_every_k_steps_and_keeps_the_lag_bound():
+    from helpers import small_spec
+
+    from policies.records import SpanKind
+    from sim.simulator import Simulation
+
+    def run(every: int):
+        spec = small_spec(pipeline__mode="pipeline", pipeline__max_lag=3,
+                          pipeline__push_every=every, run__iterations=8)  # fmt: skip
+        result = Simulation(spec).run()
+        pushes = [
+            s for s in result.spans if s.kind == SpanKind.WEIGHT_SYNC and s.resource == "gen-0"
+        ]
+        lags = [r.version_trained - r.version_start for r in result.samples]
+        return len(pushes), lags, {r.version_start for r in result.samples}
+
+    every_step, lags_1, served_1 = run(1)
+    every_other, lags_2, served_2 = run(2)
+    assert every_step == 7 and every_other == 3  # after steps 1..7; the last step pushes none
+    assert max(lags_2) <= 3 and max(lags_1) <= 3  # the bound holds either way
+    assert served_2 == {v for v in served_1 if v % 2 == 0} and len(served_1) > len(served_2)

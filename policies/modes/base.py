@@ -57,6 +57,7 @@ class ControllerConfig:
     max_lag: int  # versions a trained sample may lag the trainer
     inflight: InflightHandling  # how instances load weights (BARRIER = between iterations)
     steps_per_wave: int = 1  # optimizer steps per generated batch (``conventional``)
+    push_every: int = 1  # continuous modes: optimizer steps per weight push
 
 
 class Controller:

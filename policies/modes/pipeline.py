@@ -2,8 +2,8 @@
 
 Instances keep up to ``max_num_seqs`` sequences running; the trainer takes an
 optimizer step every ``batch_size`` finished samples and pushes the new weights at
-once, loaded in flight (``keep``: pause, load, resume with KV cache kept;
-``abort-resubmit``; ``drain``). ``max_lag`` bounds staleness exactly through the
+once (or every ``push_every`` steps), loaded in flight (``keep``: pause, load, resume
+with KV cache kept; ``abort-resubmit``; ``drain``). ``max_lag`` bounds staleness exactly through the
 :class:`~policies.modes.lag.LagBudget`, counted in whole groups: a group (the
 ``group_size`` samples of one prompt, needed together for GRPO's group-mean advantage)
 is placed into one optimizer step once all its samples finished, with the deadline of
@@ -95,6 +95,8 @@ class PipelineController(Controller):
         if self.latest_version >= self.config.num_steps:
             self.finished = True
             return [Finish()]
+        if self.latest_version % self.config.push_every:
+            return self._fill()  # servers keep the older weights; the lag budget counts them
         return [PushWeights(self.latest_version, self.config.inflight)]
 
     def _on_loaded(self, event: WeightsLoaded) -> list[Command]:
