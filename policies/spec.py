@@ -360,14 +360,12 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
     data = apply_overrides(spec.model_dump(mode="json"), overrides)
     keys = {".".join(parse_override(text)[0]) for text in overrides}
     pipeline = data.get("pipeline")
-    if isinstance(pipeline, dict) and "pipeline.max_lag" not in keys:
-        mode = pipeline.get("mode")
-        fixes_lag = mode in MODES and MODES.get(mode).fixed_lag(1) is not None
-        if mode != spec.pipeline.mode and fixes_lag:
+    mode = pipeline.get("mode") if isinstance(pipeline, dict) else None
+    if mode != spec.pipeline.mode and mode in MODES:  # switched to another known mode
+        traits = MODES.get(mode)
+        if "pipeline.max_lag" not in keys and traits.fixed_lag(1) is not None:
             pipeline["max_lag"] = None
-    if isinstance(pipeline, dict) and "pipeline.push_every" not in keys:
-        mode = pipeline.get("mode")
-        if mode != spec.pipeline.mode and mode in MODES and not MODES.get(mode).continuous:
+        if "pipeline.push_every" not in keys and not traits.continuous:
             pipeline["push_every"] = 1
     return spec_from_dict(data)
 
