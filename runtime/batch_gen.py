@@ -46,7 +46,8 @@ class BatchBody(BaseModel):
 
 
 class BatchGenerator:
-    """Runs a :class:`BatchBody` on the engine; yields one encoded line per finished sample."""
+    """Runs a :class:`BatchBody` on the engine; yields the encoded lines of the samples
+    finished since the last yield (one line each), as soon as there are any."""
 
     def __init__(self, engine, control) -> None:
         self.engine = engine
@@ -66,8 +67,15 @@ class BatchGenerator:
                 asyncio.create_task(self._one(f"tandem-{batch_id}-{i}", i, s, x, body, lines))
             )
         try:
-            for _ in body.samples:
-                yield await lines.get()
+            left = len(body.samples)
+            while left:
+                # the samples one engine step finishes arrive together: one write for all
+                # of them (each write passes the middleware stack and is a syscall)
+                chunk = [await lines.get()]
+                while not lines.empty():
+                    chunk.append(lines.get_nowait())
+                left -= len(chunk)
+                yield b"".join(chunk)
         finally:
             for t in tasks:  # a client that went away aborts what is still running
                 t.cancel()
