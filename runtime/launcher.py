@@ -31,7 +31,14 @@ from policies.results import RunResult
 from policies.spec import RunSpec
 from runtime.errors import LiveRunError
 from runtime.live_run import AfterStep, OnStep, drive, model_dir_for, trainer_config
-from runtime.procs import ServerProcess, split_cores, start_server, stop_server, wait_healthy
+from runtime.procs import (
+    ServerProcess,
+    server_core_sets,
+    split_cores,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 from runtime.run_dir import RunDir
 from runtime.server_faults import ServersLost
 from runtime.supervisor import Servers, ServerSlot
@@ -86,7 +93,8 @@ def _run_processes(
     trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores, spec.live.trainer_nice)
     servers = Servers([], token)
     try:
-        servers = _servers(spec, model_dir, token, gen_cores, run_dir.path, started)
+        core_sets = server_core_sets(spec.live.num_servers, gen_cores, _spread_servers(spec))
+        servers = _servers(spec, model_dir, token, core_sets, run_dir.path, started)
         log.info("starting the trainer process (cores %s)", train_cores)
         trainer.start()
         run_dir.record_processes(
@@ -109,12 +117,19 @@ def _time_shared(spec: RunSpec) -> bool:
     return mode_of(spec).colocated
 
 
-def _servers(spec, model_dir, token, cores, out_dir, started) -> Servers:
+def _spread_servers(spec: RunSpec) -> bool:
+    """Wave modes (every mode but the continuous ``pipeline``) give each server a core
+    of its own: a batch waits for its slowest answers. In ``pipeline`` the trainer is
+    the bottleneck and keeps its core to itself."""
+    return not mode_of(spec).continuous
+
+
+def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
     """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
     live = spec.live
     if live.server_urls:
         return Servers([ServerSlot(i, u) for i, u in enumerate(live.server_urls)], token)
-    start = functools.partial(_start_server, spec, model_dir, token, cores, out_dir)
+    start = functools.partial(_start_server, spec, model_dir, token, core_sets, out_dir)
     started.extend(start(i) for i in range(live.num_servers))
     for s in started:
         wait_healthy(s, live.startup_timeout_s)
@@ -122,8 +137,9 @@ def _servers(spec, model_dir, token, cores, out_dir, started) -> Servers:
     return Servers(slots, token, start, live.startup_timeout_s, live.restart_servers)
 
 
-def _start_server(spec, model_dir, token, cores, out_dir, i: int) -> ServerProcess:
+def _start_server(spec, model_dir, token, core_sets, out_dir, i: int) -> ServerProcess:
     live = spec.live
+    cores = core_sets[i % len(core_sets)]  # a restarted server keeps its cores
     return start_server(
         i, model_dir, live.host, live.base_port + i, token, cores, live.kv_cache_gib,
         live.max_model_len, spec.cluster.generation[0].max_num_seqs, out_dir / "logs",

@@ -47,6 +47,18 @@ def split_cores(num_servers: int, time_shared: bool = False) -> tuple[list[int],
     return cores[:half], cores[half:]
 
 
+def server_core_sets(num_servers: int, gen_cores: list[int], spread: bool) -> list[list[int]]:
+    """The cores each server's engine is pinned to: the generation cores, shared by all;
+    or, with ``spread`` and several servers, one core each, round robin over every core
+    this process may use. Spread suits the wave modes: a batch ends with its slowest
+    answers, and two engines sharing one core decoded those at half speed while the
+    trainer's core waited for them (docs/live-throughput.md)."""
+    if not spread or num_servers < 2:
+        return [gen_cores] * max(1, num_servers)
+    cores = sorted(os.sched_getaffinity(0))
+    return [[cores[i % len(cores)]] for i in range(num_servers)]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))

@@ -1,5 +1,5 @@
 """Which cores the live stages get: half and half, or every core to the trainer where the
-stages take turns (colocated modes)."""
+stages take turns (colocated modes); a core per server in the wave modes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sharded_harness import make_model_dir
 from experiments.specs import config_path
 from policies.spec import load_spec
 from runtime import launcher
-from runtime.procs import split_cores
+from runtime.procs import server_core_sets, split_cores
 
 
 def test_disaggregated_stages_split_the_cores_and_time_shared_ones_give_training_all(monkeypatch):
@@ -26,6 +26,18 @@ def test_only_colocated_modes_time_share_the_cores():
     assert launcher._time_shared(load_spec(live, ["pipeline.mode=colocated-sync"]))
     for mode in ("disagg-sync", "stream-async", "pipeline"):
         assert not launcher._time_shared(load_spec(live, [f"pipeline.mode={mode}"])), mode
+
+
+def test_wave_modes_give_each_server_a_core_of_its_own(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert server_core_sets(2, [0], spread=True) == [[0], [1]]
+    assert server_core_sets(3, [0], spread=True) == [[0], [1], [0]]
+    assert server_core_sets(2, [0], spread=False) == [[0], [0]]
+    assert server_core_sets(1, [0], spread=True) == [[0]]  # one server: the generation cores
+    longtail = config_path("live-longtail")
+    for mode in ("disagg-sync", "stream-async", "colocated-sync"):
+        assert launcher._spread_servers(load_spec(longtail, [f"pipeline.mode={mode}"])), mode
+    assert not launcher._spread_servers(load_spec(longtail, ["pipeline.mode=pipeline"]))
 
 
 def test_the_trainer_takes_one_thread_per_core_it_may_run_on_unless_told(tmp_path):
