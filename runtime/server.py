@@ -36,6 +36,7 @@ from starlette.middleware import Middleware
 
 from runtime.batch_gen import BatchBody, BatchGenerator
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
+from runtime.direct_load import DIRECT_ENV
 from runtime.guard import Guard, GuardPolicy
 from runtime.procs import ENGINE_CORES_ENV, die_with_parent, reap_forks_with_parent
 from runtime.vllm_plugin import SPIN_ENV
@@ -289,6 +290,8 @@ def serve_main(
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if executor == "uni" else "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ[SPIN_ENV] = str(engine_spin_ms)  # read by the plugin in each engine process
+    # the plugin keeps kernel weights for direct loads (TANDEM_DIRECT_LOAD=0: vLLM's reload)
+    os.environ.setdefault(DIRECT_ENV, "1")
     reap_forks_with_parent()  # before vLLM forks its engine core and worker
     args = vllm_args(model_dir, host, port, max_model_len, max_num_seqs)
     asyncio.run(_serve(args, policy))

@@ -15,6 +15,10 @@ parked reader re-read the queue every ``RECHECK_MS`` (vLLM: 5 s; with short spin
 park often, and a lost wake-up then stalled a decode step for 5 s). Servers that
 tandem starts set it (``python -m runtime.server --engine-spin-ms``); any other vLLM in the
 same environment is left as it is.
+
+The same servers set ``TANDEM_DIRECT_LOAD=1``: the plugin then has vLLM's CPU linear
+layers keep their plain weights beside their kernel handles, so that a weight push can be
+copied in place instead of reloaded layer by layer (runtime/direct_load.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import inspect
 import logging
 import os
 from collections.abc import Mapping
+
+from runtime.direct_load import direct_load_from_env, keep_linear_weights
 
 SPIN_ENV = "TANDEM_ENGINE_SPIN_MS"
 RECHECK_MS = 10  # a parked reader looks at the queue at least this often (vLLM's: 5000)
@@ -69,3 +75,5 @@ def register() -> None:
     spin_s = spin_s_from_env()
     if spin_s is not None:
         set_reader_spin(spin_s)
+    if direct_load_from_env():
+        keep_linear_weights()

@@ -38,6 +38,8 @@ from datetime import timedelta
 
 import torch
 
+from runtime.direct_load import load_into
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BUCKET_BYTES = 512 * 2**20  # at most this many bytes per broadcast
 
@@ -348,7 +350,7 @@ class WeightReceiver:
         if failure is not None:
             return {"failure": failure.to_dict()}
         t2 = time.perf_counter()
-        self.model_runner.reload_weights(weights_iterator=iter(unpack(metas, buckets, flats)))
+        direct = load_into(self.model_runner, unpack(metas, buckets, flats))
         t3 = time.perf_counter()
         self.tandem_loaded = (metas, buckets, flats)  # never received into until replaced
         self.tandem_next = 1 - self.tandem_next
@@ -356,6 +358,7 @@ class WeightReceiver:
             "receive_ms": (t1 - t0) * 1e3,
             "check_ms": (t2 - t1) * 1e3,
             "load_ms": (t3 - t2) * 1e3,
+            "direct_load": float(direct),  # 1: copied in place (runtime/direct_load.py)
             "loaded_at": time.monotonic(),  # steps scheduled after this use these weights
         }
 

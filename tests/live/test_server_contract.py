@@ -100,7 +100,8 @@ def test_inflight_update_lets_requests_finish_and_spans_both_versions(server, wo
 def test_served_weights_equal_trainer_weights(server, token, worker):
     version = int(httpx.get(server + "/health").json()["version"]) + 1
     _train_once(worker, version - 1)
-    worker.push_weights(version)
+    result = worker.push_weights(version)
+    assert result.stages_ms[0]["direct_load"] == 1.0  # copied in place (runtime/direct_load.py)
     served = httpx.get(server + "/weights/checksums", headers=_auth(token)).json()
     mine = worker.checksums()
     assert served["version"] == version
