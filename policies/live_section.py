@@ -52,6 +52,12 @@ class LiveSection(Section):
         description="niceness of the trainer process: >0 lets the generation server's frontend "
         "and the actor, which run on any core, go first on the trainer's core",
     )  # fmt: skip
+    compile_trainer: bool = Field(
+        False,
+        description="run the trainer's forward and backward under torch.compile (inductor, "
+        "dynamic shapes), compiled before the run's clock starts: ~15 % less time per step on "
+        "live-tiny, 10-20 s more start-up, a C++ compiler needed; not with a sharded trainer",
+    )
     startup_timeout_s: float = Field(300.0, gt=0, description="wait for a server's /health")
     cost_model: str | None = Field(
         None,

@@ -106,6 +106,7 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
         seed=spec.run.seed, num_threads=spec.live.trainer_threads or 0,
         micro_batch_samples=spec.live.micro_batch_samples,
         keep_checkpoints=spec.live.keep_checkpoints, device=live_device(spec),
+        compile=spec.live.compile_trainer,
     )  # fmt: skip
 
 

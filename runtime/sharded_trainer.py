@@ -120,6 +120,8 @@ class ShardedTrainer(Trainer):
             raise ValueError(f"rank {rank} is not in 0 .. {world_size - 1}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+        if config.compile:
+            raise ValueError("live.compile_trainer: the sharded trainer does not compile")
         super().__init__(config)
         self.rank = rank
         self.world_size = world_size

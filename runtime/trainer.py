@@ -40,6 +40,7 @@ class TrainerConfig:
     micro_batch_samples: int = 8  # samples per forward/backward (a call is split into these)
     keep_checkpoints: int = 0  # per-step checkpoints kept beside last.pt (runtime.checkpoints)
     device: str = "cpu"  # cpu or cuda (the model and its step run there)
+    compile: bool = False  # forward and backward under torch.compile, compiled in warm_up
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,12 +105,18 @@ def token_logprobs(model, items: list[TrainItem]) -> tuple[torch.Tensor, torch.T
     return logp * mask, mask
 
 
+def _dummy_item(length: int) -> TrainItem:
+    half = max(1, length // 2)
+    return TrainItem(0, (1,) * half, (1,) * half, (0.0,) * half, 0.0, 0.0, 0)
+
+
 class Trainer:
     """One trainer process's model, optimizer and weight sender. No work in ``__init__``."""
 
     def __init__(self, config: TrainerConfig) -> None:
         self.config = config
         self.model: Any = None
+        self.forward: Any = None  # the model, or its torch.compile wrapper (same weights)
         self.ref_model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.rank = 0  # among the trainer's processes (runtime.sharded_trainer: 0 .. M - 1)
@@ -126,20 +133,30 @@ class Trainer:
             self.config.model_dir, dtype=torch.float32
         )
         self.model.to(self.config.device).train()
+        self.forward = self.model
+        if self.config.compile:  # inductor; dynamic: one graph for every packed length
+            self.forward = torch.compile(self.model, dynamic=True)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.learning_rate)
         if self.config.kl_coef > 0:
             ref = AutoModelForCausalLM.from_pretrained(self.config.model_dir)
             self.ref_model = ref.to(self.config.device).eval()
 
     def warm_up(self, num_samples: int = 8, num_tokens: int = 64) -> None:
-        """One forward and backward pass over a dummy micro-batch, its gradient dropped: a
-        fresh process's first passes are slower (the allocator, first calls of kernels).
-        Weights, optimizer state, the step being accumulated and the RNG stay as they were.
-        Every rank of a sharded trainer calls it (its passes are collectives)."""
+        """Forward and backward passes over dummy micro-batches, their gradient dropped: a
+        fresh process's first passes are slower (the allocator, first calls of kernels),
+        and a compiled trainer compiles here, before the run's clock starts (packed rows
+        of two lengths, so that the dynamic graph is the one the run reuses). Weights,
+        optimizer state, the step being accumulated and the RNG stay as they were. Every
+        rank of a sharded trainer calls it (its passes are collectives)."""
         device = next(self.model.parameters()).device
-        ids = torch.ones(num_samples, num_tokens, dtype=torch.long, device=device)
         with torch.random.fork_rng(devices=[]):
-            self.model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
+            if self.config.compile:
+                for length in (num_tokens // 4, num_tokens // 2):
+                    items = [_dummy_item(length) for _ in range(num_samples)]
+                    token_logprobs(self.forward, items)[0].sum().backward()
+            else:
+                ids = torch.ones(num_samples, num_tokens, dtype=torch.long, device=device)
+                self.model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
         self.optimizer.zero_grad(set_to_none=True)
 
     # -- forward / backward ----------------------------------------------------------
@@ -164,7 +181,7 @@ class Trainer:
         return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
     def _micro_batch(self, items: list[TrainItem]) -> float:
-        logp, mask = token_logprobs(self.model, items)
+        logp, mask = token_logprobs(self.forward, items)
         out = rl_loss(
             logp,
             _pad([list(it.logprobs_old) for it in items], 0.0, torch.float32).to(logp.device),

@@ -68,3 +68,22 @@ def test_packed_sequences_see_only_themselves(model_dir):
             alone = alone.gather(-1, torch.tensor(it.output_ids)[:, None])[:, 0]
             assert torch.allclose(packed[i, :n], alone, atol=1e-5), i
             assert mask[i, :n].all() and not mask[i, n:].any() and not packed[i, n:].any()
+
+
+def test_a_compiled_trainer_computes_the_eager_gradient_and_compiles_before_the_clock(model_dir):
+    """``live.compile_trainer``: warm_up compiles the dynamic graph; a step's micro-batches
+    of new lengths then run without compiling again, and the gradient is the eager one."""
+    from torch._dynamo.utils import counters
+
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    items = _items(12, vocab)
+    eager, loss = _grads(model_dir, 4, [items])
+    trainer = Trainer(TrainerConfig(model_dir, batch_size=16, micro_batch_samples=4, compile=True))
+    trainer.initialise()
+    trainer.warm_up()
+    frames = counters["stats"]["unique_graphs"]
+    compiled_loss = trainer.train(items, 0.0)
+    assert counters["stats"]["unique_graphs"] == frames  # nothing compiled inside the run
+    assert frames > 0 and compiled_loss == pytest.approx(loss, rel=1e-4, abs=1e-6)
+    for name, p in trainer.model.named_parameters():
+        assert torch.allclose(p.grad, eager[name], rtol=1e-3, atol=1e-5), name
