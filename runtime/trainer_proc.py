@@ -16,11 +16,10 @@ the caller runs on every rank at once; ``join_group`` and ``push_weights`` run o
 only. A push on M ranks is: ``gather_weights()`` on every rank (the full tensors land on
 rank 0), then ``push_weights(version)`` on rank 0, which sends what it gathered.
 
-A push has two halves: ``send_weights`` asks every server for the update and broadcasts
-the tensors; ``push_answers`` waits for the servers' answers (each checks and loads what it
-received, then resumes). ``push_weights`` is both. The trainer is free between the two: the
-actor trains the next samples while the servers load (their answers take as long as the
-broadcast itself and more, and the trainer's core has nothing to do meanwhile).
+A push has two halves: ``send_weights`` asks every server for the update and starts the
+broadcast; ``push_answers`` waits for it and for the servers' answers (each checks and
+loads what it received). ``push_weights`` is both. The trainer is free between the two:
+it trains the next samples while the backend's threads send and the servers load.
 """
 
 from __future__ import annotations
@@ -122,6 +121,7 @@ class TrainerWorker:
         self.servers: list[ServerAddr] = []
         self._gathered: list[tuple[str, Any]] | None = None  # by gather_weights, for a push
         self._pending: tuple[int, list[threading.Thread], list] | None = None  # sent, unanswered
+        self._sending: list = []  # the broadcast works of the push in flight
         # one pooled client for every control call: a new httpx client costs tens of ms
         # (it builds a TLS context), which would sit on every push's critical path
         self.http = httpx.Client()
@@ -159,14 +159,13 @@ class TrainerWorker:
 
     def push_weights(self, version: int) -> PushResult:
         """Send the weights to every server of the group; a server that fails is named in
-        ``failures`` (and the group is left: re-create it before the next push). Uses
-        what :meth:`gather_weights` gathered, if it was called since the last push."""
+        ``failures`` (the group is then left: re-create it before the next push). Uses what
+        :meth:`gather_weights` gathered, if it was called since the last push."""
         self.send_weights(version)
         return self.push_answers()
 
     def send_weights(self, version: int) -> None:
-        """The first half of :meth:`push_weights`: ask every server for the update and
-        broadcast the tensors; the servers' answers are left to :meth:`push_answers`."""
+        """Ask every server for the update and start the broadcast (see the module)."""
         if self._pending is not None:
             raise RuntimeError(
                 f"weights {version} sent before the answers to {self._pending[0]} were read"
@@ -183,8 +182,16 @@ class TrainerWorker:
             PUSH_TIMEOUT_S + 10,
         )  # fmt: skip
         self._pending = (version, threads, out)
+        try:  # the broadcast goes on in the backend's threads while the trainer trains
+            self._sending = self.trainer.sender.start(flats, PUSH_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - no group: the answers say what failed
+            self.trainer.sender.leave()
+
+    def _sent(self) -> None:  # waits for the broadcast started by send_weights
+        works, self._sending = self._sending, []
         try:
-            self.trainer.sender.send(flats, PUSH_TIMEOUT_S)
+            for work in works:
+                work.wait()
         except Exception:  # noqa: BLE001 - a peer died or stalled: its answer says which
             self.trainer.sender.leave()  # closes the group, so the others stop waiting
 
@@ -192,6 +199,8 @@ class TrainerWorker:
         """Have all the servers answered the last :meth:`send_weights`? (does not wait)"""
         if self._pending is None:
             raise RuntimeError("answers_ready without weights sent")
+        if all(w.is_completed() for w in self._sending):
+            self._sent()  # a failed broadcast closes the group now, not at the answers
         return not any(t.is_alive() for t in self._pending[1])
 
     def push_answers(self) -> PushResult:
@@ -199,6 +208,7 @@ class TrainerWorker:
         if self._pending is None:
             raise RuntimeError("push_answers without weights sent")
         (version, threads, out), self._pending = self._pending, None
+        self._sent()
         answers = _answers(threads, out, "/request_weight_update")
         failures = {i: a for i, a in enumerate(answers) if isinstance(a, str)}
         if failures:
@@ -232,8 +242,7 @@ class TrainerWorker:
 
         self.writer.submit(write)
 
-    def close(self) -> None:
-        """Wait for the checkpoint being written."""
+    def close(self) -> None:  # waits for the checkpoint being written
         self.writer.close()
 
     def checksums(self) -> dict[str, tuple[float, float]]:

@@ -173,15 +173,16 @@ def make_group(
     )
 
 
-def broadcast(
+def start_broadcast(
     group: torch.distributed.ProcessGroup, tensor: torch.Tensor, timeout_s: float | None = None
-) -> None:
-    """Broadcast from rank 0; ``timeout_s`` bounds this one collective (else the group's)."""
+):  # -> torch.distributed.Work
+    """Start a broadcast from rank 0 (the backend's own threads carry it); ``timeout_s``
+    bounds this one collective (else the group's), raised by the work's ``wait``."""
     opts = torch.distributed.BroadcastOptions()
     opts.rootRank = 0
     if timeout_s is not None:
         opts.timeout = timedelta(seconds=max(timeout_s, 0.001))
-    group.broadcast([tensor], opts).wait()
+    return group.broadcast([tensor], opts)
 
 
 class FlatBuffers:
@@ -252,10 +253,15 @@ class WeightSender:
         return bucket_digests(plan_buckets(params_meta(named)), flats)
 
     def send(self, flats: Sequence[torch.Tensor], timeout_s: float | None = None) -> None:
+        for work in self.start(flats, timeout_s):
+            work.wait()
+
+    def start(self, flats: Sequence[torch.Tensor], timeout_s: float | None = None) -> list:
+        """Start broadcasting every bucket; ``wait`` on what it returns (a stalled or dead
+        peer raises there). ``flats`` must stay untouched until then."""
         if self._group is None:
             raise RuntimeError("join the weight group before sending")
-        for flat in flats:
-            broadcast(self._group, flat, timeout_s)
+        return [start_broadcast(self._group, flat, timeout_s) for flat in flats]
 
 
 def params_meta(named: Sequence[tuple[str, torch.Tensor]]) -> list[ParamMeta]:
@@ -368,7 +374,7 @@ class WeightReceiver:
         for k, flat in enumerate(flats):
             flat.fill_(float("nan"))  # what never arrives stays NaN
             try:
-                broadcast(group, flat, deadline - time.perf_counter())
+                start_broadcast(group, flat, deadline - time.perf_counter()).wait()
             except Exception as err:  # noqa: BLE001 - gloo raises RuntimeError for all
                 self.tandem_group = None
                 first = buckets[k].first
