@@ -175,7 +175,7 @@ def make_group(
 
 def start_broadcast(
     group: torch.distributed.ProcessGroup, tensor: torch.Tensor, timeout_s: float | None = None
-):  # -> torch.distributed.Work
+) -> torch.distributed.Work:
     """Start a broadcast from rank 0 (the backend's own threads carry it); ``timeout_s``
     bounds this one collective (else the group's), raised by the work's ``wait``."""
     opts = torch.distributed.BroadcastOptions()
@@ -256,7 +256,9 @@ class WeightSender:
         for work in self.start(flats, timeout_s):
             work.wait()
 
-    def start(self, flats: Sequence[torch.Tensor], timeout_s: float | None = None) -> list:
+    def start(
+        self, flats: Sequence[torch.Tensor], timeout_s: float | None = None
+    ) -> list[torch.distributed.Work]:
         """Start broadcasting every bucket; ``wait`` on what it returns (a stalled or dead
         peer raises there). ``flats`` must stay untouched until then."""
         if self._group is None:
