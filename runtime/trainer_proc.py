@@ -38,21 +38,17 @@ from typing import Any, Protocol
 import httpx
 
 from policies.records import StepStats
+from policies.results import write_atomic
 from runtime.checkpoints import CheckpointWriter, keep_step, readable
 from runtime.errors import ProcessDied, describe_exit
+from runtime.fan_out import ServerAddr, answers, fan_out, join_answers
 from runtime.procs import die_with_parent
 from runtime.recorder import DataPosition
-from runtime.trainer import Trainer, TrainerConfig, TrainItem, write_state
+from runtime.trainer import Trainer, TrainerConfig, TrainItem
 
 JOIN_TIMEOUT_S = 60.0  # every rank must have joined the weight group by then
 PUSH_TIMEOUT_S = 30.0  # a server answers an update within this (it receives for 3/4 of it)
 ANSWER_POLL_S = 0.002  # how often the actor asks whether the servers answered a push
-
-
-@dataclass(slots=True, frozen=True)
-class ServerAddr:
-    base_url: str  # http://127.0.0.1:8400
-    token: str | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,55 +57,6 @@ class PushResult:
     pause_s: list[float]  # per server, the pause its generation saw (0 where it failed)
     stages_ms: list[dict[str, float]]  # per server: receive / check / load durations
     failures: dict[int, str] = field(default_factory=dict)  # server index -> why it failed
-
-
-def _post(
-    http: httpx.Client, server: ServerAddr, route: str, body: dict, out: list, i: int,
-    timeout_s: float,
-) -> None:  # fmt: skip
-    headers = {"Authorization": f"Bearer {server.token}"} if server.token else {}
-    try:
-        resp = http.post(server.base_url + route, json=body, headers=headers, timeout=timeout_s)
-        out[i] = resp
-    except Exception as err:  # reported by the caller
-        out[i] = err
-
-
-def _fan_out(
-    http: httpx.Client, servers: list[ServerAddr], route: str, bodies: list[dict],
-    timeout_s: float,
-):  # fmt: skip
-    out: list[Any] = [None] * len(servers)
-    threads = [
-        threading.Thread(target=_post, args=(http, s, route, b, out, i, timeout_s), daemon=True)
-        for i, (s, b) in enumerate(zip(servers, bodies))
-    ]
-    for t in threads:
-        t.start()
-    return threads, out
-
-
-def _answers(threads: list[threading.Thread], out: list, route: str) -> list[dict | str]:
-    """Each server's JSON answer, or a one-line reason where it failed."""
-    for t in threads:
-        t.join()
-    results: list[dict | str] = []
-    for r in out:
-        if isinstance(r, Exception) or r is None:
-            results.append(f"{route} failed: {type(r).__name__}: {r}")
-        elif r.status_code != 200:
-            results.append(f"{route} answered {r.status_code}: {r.text[:500]}")
-        else:
-            results.append(r.json())
-    return results
-
-
-def _join(threads: list[threading.Thread], out: list, route: str) -> list[dict]:
-    results = _answers(threads, out, route)
-    for i, r in enumerate(results):
-        if isinstance(r, str):
-            raise RuntimeError(f"server {i}: {r}")
-    return results  # type: ignore[return-value]
 
 
 class TrainerWorker:
@@ -143,13 +90,13 @@ class TrainerWorker:
              "backend": backend, "timeout_s": JOIN_TIMEOUT_S}
             for i in range(len(servers))
         ]  # fmt: skip
-        threads, out = _fan_out(
+        threads, out = fan_out(
             self.http, servers, "/init_process_group", bodies, JOIN_TIMEOUT_S + 30
         )
         try:
             self.trainer.sender.join(host, port, world, backend, JOIN_TIMEOUT_S)
         finally:
-            _join(threads, out, "/init_process_group")
+            join_answers(threads, out, "/init_process_group")
 
     def gather_weights(self) -> int:
         """Collective on a sharded trainer: gather the full weights onto rank 0 for the
@@ -177,7 +124,7 @@ class TrainerWorker:
         digests = [asdict(d) for d in self.trainer.sender.digests(named, flats)]
         body = {"version": version, "params": self.trainer.weights_meta(), "buckets": digests,
                 "timeout_s": PUSH_TIMEOUT_S}  # fmt: skip
-        threads, out = _fan_out(
+        threads, out = fan_out(
             self.http, self.servers, "/request_weight_update", [body] * len(self.servers),
             PUSH_TIMEOUT_S + 10,
         )  # fmt: skip
@@ -209,11 +156,11 @@ class TrainerWorker:
             raise RuntimeError("push_answers without weights sent")
         (version, threads, out), self._pending = self._pending, None
         self._sent()
-        answers = _answers(threads, out, "/request_weight_update")
-        failures = {i: a for i, a in enumerate(answers) if isinstance(a, str)}
+        replies = answers(threads, out, "/request_weight_update")
+        failures = {i: a for i, a in enumerate(replies) if isinstance(a, str)}
         if failures:
             self.trainer.sender.leave()
-        ok = [a if isinstance(a, dict) else {"pause_s": 0.0, "stages_ms": {}} for a in answers]
+        ok = [a if isinstance(a, dict) else {"pause_s": 0.0, "stages_ms": {}} for a in replies]
         return PushResult(
             version, [a["pause_s"] for a in ok], [a["stages_ms"] for a in ok], failures
         )
@@ -234,10 +181,10 @@ class TrainerWorker:
             if self.trainer.rank == 0:
                 keep_step(Path(path), step, keep)
             return
-        state = self.trainer.checkpoint_state(data)
+        payload = self.trainer.checkpoint_bytes(data)  # now: the writer only does file I/O
 
         def write() -> None:
-            write_state(Path(path), state)
+            write_atomic(Path(path), payload)
             keep_step(Path(path), step, keep)
 
         self.writer.submit(write)
