@@ -10,6 +10,7 @@ data position, and are written atomically (temporary file + ``os.replace``).
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import time
@@ -263,24 +264,20 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------
 
-    snapshots_checkpoints = True  # checkpoint_bytes + write_atomic may run apart (a thread)
+    snapshots_checkpoints = True  # checkpoint_state + write_state may run apart (a thread)
 
     def save_checkpoint(self, path: Path, data: Any) -> None:
         """Weights, optimizer, step and ``data`` (the caller's data position), atomically."""
-        write_atomic(Path(path), self.checkpoint_bytes(data))
+        write_state(Path(path), self.checkpoint_state(data))
 
-    def checkpoint_bytes(self, data: Any) -> bytes:
-        """What a checkpoint holds, serialised now, so independent of later training steps.
-        ``torch.save`` copies each tensor's bytes as it writes them: one pass over the
-        state, where a deep copy first and a save of the copy later took two (and the
-        later one, in the writer thread, contended with training for the GIL)."""
-        buf = io.BytesIO()
-        torch.save(
-            {"version": self.version, "model": self.model.state_dict(),
-             "optimizer": self.optimizer.state_dict(), "data": data},
-            buf,
-        )  # fmt: skip
-        return buf.getvalue()
+    def checkpoint_state(self, data: Any) -> dict[str, Any]:
+        """A copy of what a checkpoint holds, independent of later training steps."""
+        return copy.deepcopy({
+            "version": self.version,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "data": data,
+        })  # fmt: skip
 
     def load_checkpoint(self, path: Path) -> Any:
         state = torch.load(Path(path), weights_only=False)
@@ -288,3 +285,10 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         return state["data"]
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Write a :meth:`Trainer.checkpoint_state` to ``path`` atomically."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    write_atomic(Path(path), buf.getvalue())

@@ -38,13 +38,12 @@ from typing import Any, Protocol
 import httpx
 
 from policies.records import StepStats
-from policies.results import write_atomic
 from runtime.checkpoints import CheckpointWriter, keep_step, readable
 from runtime.errors import ProcessDied, describe_exit
 from runtime.fan_out import ServerAddr, answers, fan_out, join_answers
 from runtime.procs import die_with_parent
 from runtime.recorder import DataPosition
-from runtime.trainer import Trainer, TrainerConfig, TrainItem
+from runtime.trainer import Trainer, TrainerConfig, TrainItem, write_state
 
 JOIN_TIMEOUT_S = 60.0  # every rank must have joined the weight group by then
 PUSH_TIMEOUT_S = 30.0  # a server answers an update within this (it receives for 3/4 of it)
@@ -181,10 +180,10 @@ class TrainerWorker:
             if self.trainer.rank == 0:
                 keep_step(Path(path), step, keep)
             return
-        payload = self.trainer.checkpoint_bytes(data)  # now: the writer only does file I/O
+        state = self.trainer.checkpoint_state(data)
 
         def write() -> None:
-            write_atomic(Path(path), payload)
+            write_state(Path(path), state)
             keep_step(Path(path), step, keep)
 
         self.writer.submit(write)
