@@ -10,6 +10,10 @@ the same way for every system:
   step 0 to the end of step N-1 — the first timed step, with whatever start-up it
   carries (a first weight push, a cold cache), is left out.
 
+* **CPU per sample**: the CPU seconds the system's own processes used over the whole
+  window (``cpu_s``, where it was measured) per sample trained — what a sample costs the
+  host, far less disturbed by other load than the rates are.
+
 Completion tokens include the end-of-sequence token when a completion has one (vLLM's
 ``output_tokens`` and TRL's ``completion_ids`` both do).
 """
@@ -37,15 +41,18 @@ class StepSeries:
     start_s: float
     end_s: float
     steps: tuple[StepPoint, ...]
+    cpu_s: float | None = None  # CPU seconds of the system's processes over the window
 
     def to_json(self) -> dict[str, Any]:
-        return {"start_s": self.start_s, "end_s": self.end_s,
+        return {"start_s": self.start_s, "end_s": self.end_s, "cpu_s": self.cpu_s,
                 "steps": [asdict(s) for s in self.steps]}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StepSeries:
         steps = tuple(StepPoint(**s) for s in data["steps"])
-        return cls(float(data["start_s"]), float(data["end_s"]), steps)
+        cpu = data.get("cpu_s")
+        return cls(float(data["start_s"]), float(data["end_s"]), steps,
+                   None if cpu is None else float(cpu))  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +66,7 @@ class Rates:
     num_samples: int
     completion_tokens: int
     wall_s: float
+    cpu_ms_per_sample: float | None = None  # None where the run's CPU was not measured
 
     @property
     def mean_completion_tokens(self) -> float:
@@ -89,4 +97,7 @@ def rates(series: StepSeries) -> Rates:
         num_samples=num_samples,
         completion_tokens=num_tokens,
         wall_s=wall_s,
+        cpu_ms_per_sample=(
+            1000 * series.cpu_s / num_samples if series.cpu_s is not None and num_samples else None
+        ),
     )

@@ -7,7 +7,9 @@ Its step series comes from the run directory: each optimizer step's end time fro
 ``steps.json``, the samples it trained and their completion tokens from
 ``samples.parquet`` (``train_step``, ``output_tokens``), and the whole run's window from
 ``metrics.json`` (``makespan_s``: the run's clock starts once its servers are up, before
-the first weight load, and stops after the last step).
+the first weight load, and stops after the last step), and its CPU over that window from
+``metrics.json``'s ``cpu_ms_per_sample`` (every process the run started: actor, trainer,
+servers' frontends and engines).
 """
 
 from __future__ import annotations
@@ -34,14 +36,19 @@ def tandem_command(spec_path: Path, mode: str, steps: int, out_dir: Path) -> lis
     ]  # fmt: skip
 
 
-def step_series(steps: list[dict], trained: dict[int, tuple[int, int]], end_s: float) -> StepSeries:
+def step_series(
+    steps: list[dict], trained: dict[int, tuple[int, int]], end_s: float,
+    cpu_ms_per_sample: float | None = None,
+) -> StepSeries:  # fmt: skip
     """The series of a run: ``steps`` as in ``steps.json``, ``trained[step]`` = (samples,
     completion tokens) trained by that step, ``end_s`` the run's makespan."""
     points = []
     for step in sorted(steps, key=lambda s: s["step"]):
         num_samples, num_tokens = trained.get(step["step"], (0, 0))
         points.append(StepPoint(float(step["end_s"]), num_samples, num_tokens))
-    return StepSeries(0.0, end_s, tuple(points))
+    num_samples = sum(p.num_samples for p in points)
+    cpu_s = None if cpu_ms_per_sample is None else cpu_ms_per_sample * num_samples / 1000
+    return StepSeries(0.0, end_s, tuple(points), cpu_s)
 
 
 def read_run(run_dir: Path) -> StepSeries:
@@ -54,4 +61,6 @@ def read_run(run_dir: Path) -> StepSeries:
     samples = samples.dropna(subset=["train_step"])
     per_step = samples.groupby("train_step")["output_tokens"].agg(["count", "sum"])
     trained = {int(k): (int(row["count"]), int(row["sum"])) for k, row in per_step.iterrows()}
-    return step_series(steps, trained, float(metrics["makespan_s"]))
+    return step_series(
+        steps, trained, float(metrics["makespan_s"]), metrics.get("cpu_ms_per_sample")
+    )

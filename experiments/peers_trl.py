@@ -144,27 +144,32 @@ def _step_clock(reward: TaskReward):  # -> StepClock (a transformers.TrainerCall
     from transformers import TrainerCallback
 
     class StepClock(TrainerCallback):
-        """Records each optimizer step's end time and what the reward function scored."""
+        """Records each optimizer step's end time, this process's CPU seconds then (every
+        thread: TRL generates and trains in this one process) and what was scored."""
 
         def __init__(self) -> None:
             self.points: list[StepPoint] = []
+            self.cpu_s: list[float] = []
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             num_samples, num_tokens = reward.take()
             self.points.append(StepPoint(time.perf_counter(), num_samples, num_tokens))
+            self.cpu_s.append(time.process_time())
 
     return StepClock()
 
 
-def series_of(points: Sequence[StepPoint]) -> StepSeries:
-    """The timed steps after the warm-up, in seconds from the warm-up's end."""
+def series_of(points: Sequence[StepPoint], cpu_s: Sequence[float] = ()) -> StepSeries:
+    """The timed steps after the warm-up, in seconds from the warm-up's end; ``cpu_s``:
+    the process's CPU seconds at each step's end (the series' CPU is over the same steps)."""
     if len(points) <= WARMUP_STEPS:
         raise ValueError(f"{len(points)} steps ran: none timed after the warm-up")
     zero = points[WARMUP_STEPS - 1].end_s
     timed = tuple(
         StepPoint(p.end_s - zero, p.num_samples, p.completion_tokens) for p in points[WARMUP_STEPS:]
     )
-    return StepSeries(0.0, timed[-1].end_s, timed)
+    cpu = cpu_s[-1] - cpu_s[WARMUP_STEPS - 1] if len(cpu_s) == len(points) else None
+    return StepSeries(0.0, timed[-1].end_s, timed, cpu)
 
 
 def run_trl(job: TrlJob) -> dict[str, Any]:
@@ -188,7 +193,7 @@ def run_trl(job: TrlJob) -> dict[str, Any]:
     trainer.train()
     log.info("TRL: %d steps in %.1f s", len(clock.points), time.perf_counter() - start)
     return {
-        "series": series_of(clock.points).to_json(),
+        "series": series_of(clock.points, clock.cpu_s).to_json(),
         "versions": {"trl": trl.__version__, "torch": torch.__version__},
         "torch_threads": torch.get_num_threads(),
         "bf16": trainer.args.bf16,

@@ -71,6 +71,10 @@ LIVE_METRICS = (
     "live_wall_s", "mean_reward_first_fifth", "mean_reward_last_fifth", "num_servers_lost",
     "startup_s", "warm_up_s", "time_to_first_step_s",  # this part of the run (runtime.live_run)
 )  # fmt: skip
+CPU_ROLES = ("actor", "trainer", "frontend", "engine", "other")  # runtime.host_cpu.run_cpu_by_role
+CPU_METRICS = (  # a live run's CPU over its clock, for the roles it runs on this host
+    "cpu_cores_used", "cpu_ms_per_sample", *(f"cpu_ms_per_sample_{r}" for r in CPU_ROLES),
+)  # fmt: skip
 WALL_METRICS = ("sim_wall_s", "live_wall_s", "startup_s", "warm_up_s")  # the host's, not the run's
 
 GEN_BUSY = {SpanKind.PREFILL, SpanKind.DECODE}

@@ -1,5 +1,6 @@
-"""CPU seconds of a server's processes, from /proc: its engine (the scheduler and model
-worker, pinned to the server's cores) and its HTTP frontend (on any core).
+"""CPU seconds from /proc: of a server's processes, its engine (the scheduler and model
+worker, pinned to the server's cores) and its HTTP frontend (on any core); of a live
+run's processes by role (``cpu_ms_per_sample_*`` in a live run's ``metrics.json``).
 
 What generation takes of a host beyond its pinned engine cores is the frontend's share
 (and the caller's): on a host whose every core runs an engine, that share is taken from
@@ -55,3 +56,39 @@ def server_cpu(leader_pid: int) -> ServerCpu:
     """CPU seconds so far of the server whose leader (frontend) is ``leader_pid``."""
     engine = sum(cpu_seconds(p) for p in descendants(leader_pid))
     return ServerCpu(engine, cpu_seconds(leader_pid))
+
+
+def run_cpu_by_role(trainer_pid: int | None, server_pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of this run's processes on this host, by role: ``actor`` (this
+    process), ``trainer``, ``frontend`` and ``engine`` (the servers', split as
+    :func:`server_cpu`) and ``other`` (any other process below this one). Processes that
+    are not below this one (attached servers, Ray actors) are not counted."""
+    mine = descendants(os.getpid())
+    out = {"actor": cpu_seconds(os.getpid())}
+    known: set[int] = set()
+    if trainer_pid is not None and trainer_pid in mine:
+        tree = [trainer_pid, *descendants(trainer_pid)]
+        out["trainer"] = sum(cpu_seconds(p) for p in tree)
+        known.update(tree)
+    leaders = [p for p in server_pids if p in mine]
+    if leaders:
+        used = [server_cpu(p) for p in leaders]
+        out["frontend"] = sum(u.frontend_s for u in used)
+        out["engine"] = sum(u.engine_s for u in used)
+        known.update(q for p in leaders for q in [p, *descendants(p)])
+    out["other"] = sum(cpu_seconds(p) for p in mine if p not in known)
+    return out
+
+
+def cpu_use_metrics(
+    before: dict[str, float], after: dict[str, float], num_samples: int, wall_s: float
+) -> dict[str, float]:
+    """``cpu_cores_used`` over ``wall_s`` and ``cpu_ms_per_sample`` (all roles, and each
+    role's ``cpu_ms_per_sample_<role>``) between two :func:`run_cpu_by_role` snapshots."""
+    used = {role: max(0.0, after[role] - before[role]) for role in after if role in before}
+    if num_samples <= 0 or wall_s <= 0:
+        return {}
+    out = {"cpu_cores_used": sum(used.values()) / wall_s,
+           "cpu_ms_per_sample": 1000 * sum(used.values()) / num_samples}  # fmt: skip
+    out.update({f"cpu_ms_per_sample_{r}": 1000 * s / num_samples for r, s in used.items()})
+    return out

@@ -31,7 +31,7 @@ from runtime.actor import Actor, ActorConfig
 from runtime.cost import live_cost_model
 from runtime.gen_client import GenerationClient
 from runtime.history import resume_position
-from runtime.host_cpu import process_age_s
+from runtime.host_cpu import cpu_use_metrics, process_age_s, run_cpu_by_role
 from runtime.procs import free_port
 from runtime.recorder import Recorder
 from runtime.run_dir import RunDir
@@ -137,6 +137,7 @@ async def drive(
     try:
         end_s = time_offset_s
         startup: dict[str, float] = {}
+        cpu: dict[str, float] = {}
         if spec.run.iterations - offset > 0:
             log.info("warming the servers up")
             startup["warm_up_s"] = await warm_up_servers(clients, spec)
@@ -146,6 +147,7 @@ async def drive(
             )  # fmt: skip
             actor.faults.servers, actor.after_step = servers, after_step
             startup["startup_s"] = process_age_s()  # the process's start to the clock's
+            cpu_before = _cpu(trainer, servers)
             actor.start_clock(time_offset_s)
             log.info("loading the trainer's weights on the servers")
             await actor.push_now(offset)  # the servers serve the trainer's weights
@@ -153,6 +155,10 @@ async def drive(
                 "running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode
             )
             end_s = await actor.run()
+            trained = sum(st["num_samples"] for st in recorder.steps if st["step"] >= offset)
+            cpu = cpu_use_metrics(
+                cpu_before, _cpu(trainer, servers), trained, end_s - time_offset_s
+            )
             first = next((st for st in recorder.steps if st["step"] >= offset), None)
             if first is not None:
                 done_s = first.get("done_s") or first["end_s"]
@@ -164,9 +170,16 @@ async def drive(
     lost = [f for f in run_dir.faults() if f["event"] == "lost"]
     result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
     result.metrics.update(startup)  # this part of the run (the last, if it was resumed)
+    result.metrics.update(cpu)
     result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
+
+
+def _cpu(trainer: TrainerClient, servers: Servers) -> dict[str, float]:
+    """The run's CPU seconds so far by role (its own processes on this host)."""
+    leaders = [s.process.proc.pid for s in servers.slots.values() if s.process is not None]
+    return run_cpu_by_role(trainer.pid, leaders)
 
 
 def make_actor(

@@ -132,9 +132,21 @@ def test_whole_run_and_steady_state_rates():
         rates(StepSeries(0.0, 1.0, ()))
 
 
+def test_cpu_per_sample_is_the_windows_cpu_over_the_samples_trained():
+    steps = (StepPoint(4.0, 32, 320), StepPoint(8.0, 32, 160))
+    assert rates(StepSeries(0.0, 10.0, steps, cpu_s=1.6)).cpu_ms_per_sample == pytest.approx(25.0)
+    assert rates(StepSeries(0.0, 10.0, steps)).cpu_ms_per_sample is None  # not measured
+    back = StepSeries.from_json(StepSeries(0.0, 10.0, steps, cpu_s=1.6).to_json())
+    assert (
+        back.cpu_s == 1.6 and StepSeries.from_json({**back.to_json(), "cpu_s": None}).cpu_s is None
+    )
+
+
 def test_trl_series_starts_after_the_warm_up_step():
-    series = series_of([StepPoint(100.0, 8, 99), StepPoint(102.0, 8, 10), StepPoint(103.0, 8, 20)])
-    assert series == _series((2.0, 8, 10), (3.0, 8, 20))
+    points = [StepPoint(100.0, 8, 99), StepPoint(102.0, 8, 10), StepPoint(103.0, 8, 20)]
+    assert series_of(points) == _series((2.0, 8, 10), (3.0, 8, 20))
+    # the CPU of the timed steps only: from the warm-up step's end to the last step's
+    assert series_of(points, [30.0, 34.0, 37.5]).cpu_s == pytest.approx(7.5)
     with pytest.raises(ValueError):
         series_of([StepPoint(1.0, 8, 8)])
 
@@ -147,6 +159,8 @@ def test_tandem_run_is_read_from_its_run_directory(tmp_path):
         "train_step": [0, 0, 1, 1, None], "output_tokens": [10, 12, 7, 9, 50],
     }).to_parquet(tmp_path / "samples.parquet")  # fmt: skip
     assert read_run(tmp_path) == _series((3.0, 2, 22), (5.0, 2, 16), end_s=6.0)
+    (tmp_path / "metrics.json").write_text(json.dumps({"makespan_s": 6.0, "cpu_ms_per_sample": 9}))
+    assert rates(read_run(tmp_path)).cpu_ms_per_sample == pytest.approx(9.0)  # 4 trained
     cmd = tandem_command(tmp_path / "spec.yaml", "pipeline", 20, tmp_path / "out")
     assert cmd[:3] == [sys.executable, "-m", "experiments.cli"] and "--live" in cmd
     assert "pipeline.mode=pipeline" in cmd and "run.iterations=20" in cmd

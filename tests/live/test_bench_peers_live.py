@@ -4,6 +4,7 @@ for a warm-up and two timed steps at batch 8, in its own process, as the benchma
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,4 @@ def test_trl_grpo_trainer_runs_on_the_tiny_model_and_reports_its_steps(model_dir
     r = rates(series)
     assert r.samples_per_s > 0 and r.tokens_per_s > 0 and r.steady_samples_per_s > 0
     assert r.num_samples == 16
+    assert 0 < r.cpu_ms_per_sample <= os.cpu_count() * 1000 * r.wall_s / r.num_samples
