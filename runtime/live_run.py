@@ -137,7 +137,6 @@ async def drive(
     try:
         end_s = time_offset_s
         startup: dict[str, float] = {}
-        cpu: dict[str, float] = {}
         if spec.run.iterations - offset > 0:
             log.info("warming the servers up")
             startup["warm_up_s"] = await warm_up_servers(clients, spec)
@@ -155,14 +154,10 @@ async def drive(
                 "running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode
             )
             end_s = await actor.run()
-            trained = sum(st["num_samples"] for st in recorder.steps if st["step"] >= offset)
-            cpu = cpu_use_metrics(
-                cpu_before, _cpu(trainer, servers), trained, end_s - time_offset_s
+            cpu_after = _cpu(trainer, servers)
+            startup.update(
+                _part_metrics(recorder, offset, time_offset_s, end_s, cpu_before, cpu_after)
             )
-            first = next((st for st in recorder.steps if st["step"] >= offset), None)
-            if first is not None:
-                done_s = first.get("done_s") or first["end_s"]
-                startup["time_to_first_step_s"] = done_s - time_offset_s
     finally:
         for c in clients.values():
             await c.aclose()
@@ -170,10 +165,22 @@ async def drive(
     lost = [f for f in run_dir.faults() if f["event"] == "lost"]
     result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
     result.metrics.update(startup)  # this part of the run (the last, if it was resumed)
-    result.metrics.update(cpu)
     result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
+
+
+def _part_metrics(
+    recorder: Recorder, offset: int, start_s: float, end_s: float,
+    cpu_before: dict[str, float], cpu_after: dict[str, float],
+) -> dict[str, float]:  # fmt: skip
+    """This part of the run's time to its first step and its CPU per sample, by role."""
+    mine = [st for st in recorder.steps if st["step"] >= offset]
+    trained = sum(st["num_samples"] for st in mine)
+    out = cpu_use_metrics(cpu_before, cpu_after, trained, end_s - start_s)
+    if mine:
+        out["time_to_first_step_s"] = (mine[0].get("done_s") or mine[0]["end_s"]) - start_s
+    return out
 
 
 def _cpu(trainer: TrainerClient, servers: Servers) -> dict[str, float]:
