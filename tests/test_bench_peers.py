@@ -190,7 +190,7 @@ def test_trl_job_matches_the_spec():
     assert job.tasks == "mixed"
     longtail = override_spec(load_spec(CONFIG), ["model.path=/m", "workload.tasks=longtail"])
     assert bp.trl_job(longtail, 3, 2, "/o").tasks == "longtail"
-    assert (job.max_output_tokens, job.temperature, job.learning_rate) == (128, 1.0, 3e-4)
+    assert (job.max_output_tokens, job.temperature, job.learning_rate) == (128, 1.0, 1e-4)
     assert (job.num_prompts, job.clip_epsilon, job.threads) == (256, 0.2, 2)
 
 

@@ -48,7 +48,7 @@ def test_a_resume_that_changes_training_is_refused_naming_the_keys(tmp_path, cap
     printed = " ".join(capsys.readouterr().out.split())
     assert code == 2
     assert "algorithm.batch_size (32 → 16)" in printed
-    assert "algorithm.learning_rate (0.0003 → 0.001)" in printed
+    assert "algorithm.learning_rate (0.0001 → 0.001)" in printed
     assert "--force-new-spec" in printed and f"tandem run {out}/spec.yaml" in printed
     assert (out / "spec.yaml").read_text() == original  # the original spec is kept
 
