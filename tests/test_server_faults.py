@@ -302,3 +302,16 @@ def test_the_trainer_trains_while_the_servers_load_and_steps_only_once_they_answ
         assert any(kind == "train" for kind, _ in between), (version, log)
         assert not any(kind == "step" for kind, _ in between), (version, log)
     assert sorted(trainer.trained) == list(range(4 * BATCH))
+
+
+def test_a_steps_end_is_when_the_actor_finished_it_not_the_trainers_busy_sum():
+    actor, world, trainer, recorder = _actor("pipeline", 2, break_after=10**6, restart=False)
+
+    async def busy_step(step, now_s):  # a step whose micro-batches took 100 s, overlapped
+        return StepStats(step, step + 1, BATCH, 16, now_s, now_s + 100.0, 0.0, 0.5, 0.0, 100.0)
+
+    trainer.step = busy_step
+    end_s = asyncio.run(_run(actor))
+    assert len(recorder.steps) == 4
+    for s in recorder.steps:
+        assert s["start_s"] <= s["end_s"] <= s["done_s"] <= end_s < 100.0
