@@ -10,6 +10,10 @@ the same way for every system:
   step 0 to the end of step N-1 — the first timed step, with whatever start-up it
   carries (a first weight push, a cold cache), is left out.
 
+* **reward**: the mean task reward of the samples trained over the timed steps, and of
+  those of the last quarter of the steps (``late_reward``): a system that trades learning
+  for speed (samples too stale for the step size) shows it here, beside its rates.
+
 * **CPU per sample**: the CPU seconds the system's own processes used over the whole
   window (``cpu_s``, where it was measured) per sample trained — what a sample costs the
   host, less disturbed by other load than the rates (a slow host still costs more CPU
@@ -33,6 +37,7 @@ class StepPoint:
     end_s: float  # seconds from the run's clock start
     num_samples: int
     completion_tokens: int
+    reward_sum: float = 0.0  # the task reward summed over the step's samples
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,6 +73,8 @@ class Rates:
     completion_tokens: int
     wall_s: float
     cpu_ms_per_sample: float | None = None  # None where the run's CPU was not measured
+    mean_reward: float | None = None  # over the samples of the timed steps
+    late_reward: float | None = None  # over those of the last quarter of the steps
 
     @property
     def mean_completion_tokens(self) -> float:
@@ -101,4 +108,15 @@ def rates(series: StepSeries) -> Rates:
         cpu_ms_per_sample=(
             1000 * series.cpu_s / num_samples if series.cpu_s is not None and num_samples else None
         ),
+        mean_reward=_mean_reward(series.steps),
+        late_reward=_mean_reward(series.steps[len(series.steps) - _quarter(series.steps) :]),
     )
+
+
+def _quarter(steps: tuple[StepPoint, ...]) -> int:
+    return -(-len(steps) // 4)  # the last quarter's steps, at least one
+
+
+def _mean_reward(steps: tuple[StepPoint, ...]) -> float | None:
+    num_samples = sum(s.num_samples for s in steps)
+    return sum(s.reward_sum for s in steps) / num_samples if num_samples else None

@@ -22,8 +22,10 @@ FIGURES = ("samples_per_s", "steady_samples_per_s", "tokens_per_s", "steady_toke
 CSV_COLUMNS = (
     "attempt", "seed", "system", "accepted", "samples_per_s", "steady_samples_per_s",
     "tokens_per_s", "steady_tokens_per_s", "num_samples", "completion_tokens",
-    "mean_completion_tokens", "cpu_ms_per_sample", "wall_s", "other_load_share", "disturbed",
+    "mean_completion_tokens", "cpu_ms_per_sample", "mean_reward", "late_reward", "wall_s",
+    "other_load_share", "disturbed",
 )  # fmt: skip
+LEARNING = ("mean_completion_tokens", "cpu_ms_per_sample", "mean_reward", "late_reward")
 
 
 def _figure(run: SystemRun, name: str) -> float | None:
@@ -52,7 +54,7 @@ def summarize(config: PeerBenchConfig, results: list[RoundResult]) -> dict[str, 
         runs = [run for r in used for run in r.runs if run.system == system]
         systems[system] = {
             name: _median_and_range([_figure(run, name) for run in runs])
-            for name in (*FIGURES, "mean_completion_tokens", "cpu_ms_per_sample")
+            for name in (*FIGURES, *LEARNING)
         }
     ratios = {
         mode: {
@@ -103,7 +105,8 @@ def csv_rows(results: list[RoundResult]) -> list[dict[str, Any]]:
                 "steady_tokens_per_s": rates.steady_tokens_per_s,
                 "num_samples": rates.num_samples, "completion_tokens": rates.completion_tokens,
                 "mean_completion_tokens": rates.mean_completion_tokens,
-                "cpu_ms_per_sample": rates.cpu_ms_per_sample, "wall_s": rates.wall_s,
+                "cpu_ms_per_sample": rates.cpu_ms_per_sample, "mean_reward": rates.mean_reward,
+                "late_reward": rates.late_reward, "wall_s": rates.wall_s,
                 "other_load_share": run.load.other_share, "disturbed": run.disturbed or "",
             })  # fmt: skip
     return rows
@@ -123,7 +126,8 @@ def save(config: PeerBenchConfig, results: list[RoundResult], summary: dict[str,
 
 def table_rows(config: PeerBenchConfig, summary: dict[str, Any]) -> list[list[str]]:
     """Rows of the printed table: system, four rates (median [min–max]), mean completion
-    tokens, CPU milliseconds per sample, whole-run and steady ratios to TRL."""
+    tokens, CPU milliseconds per sample, reward (all timed steps / last quarter),
+    whole-run and steady ratios to TRL."""
     rows = []
     for system in config.systems:
         figures = summary["systems"][system]
@@ -132,6 +136,8 @@ def table_rows(config: PeerBenchConfig, summary: dict[str, Any]) -> list[list[st
         cells.append("—" if mean_tokens is None else f"{mean_tokens:.1f}")
         cpu = figures["cpu_ms_per_sample"]["median"]
         cells.append("—" if cpu is None else f"{cpu:.1f}")
+        mean, late = (figures[k]["median"] for k in ("mean_reward", "late_reward"))
+        cells.append("—" if mean is None or late is None else f"{mean:.2f} / {late:.2f}")
         ratio = summary["ratio_to_trl"].get(system, {})
         for name in ("samples_per_s", "steady_samples_per_s"):
             value = ratio.get(name) if system != TRL else 1.0
@@ -142,7 +148,7 @@ def table_rows(config: PeerBenchConfig, summary: dict[str, Any]) -> list[list[st
 
 TABLE_HEADER = (
     "system", "samples/s", "steady samples/s", "tokens/s", "steady tokens/s",
-    "mean tokens", "CPU ms/sample", "÷ TRL", "÷ TRL steady",
+    "mean tokens", "CPU ms/sample", "reward / last ¼", "÷ TRL", "÷ TRL steady",
 )  # fmt: skip
 
 

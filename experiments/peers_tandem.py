@@ -37,15 +37,15 @@ def tandem_command(spec_path: Path, mode: str, steps: int, out_dir: Path) -> lis
 
 
 def step_series(
-    steps: list[dict], trained: dict[int, tuple[int, int]], end_s: float,
+    steps: list[dict], trained: dict[int, tuple[int, int, float]], end_s: float,
     cpu_ms_per_sample: float | None = None,
 ) -> StepSeries:  # fmt: skip
     """The series of a run: ``steps`` as in ``steps.json``, ``trained[step]`` = (samples,
-    completion tokens) trained by that step, ``end_s`` the run's makespan."""
+    completion tokens, reward sum) trained by that step, ``end_s`` the run's makespan."""
     points = []
     for step in sorted(steps, key=lambda s: s["step"]):
-        num_samples, num_tokens = trained.get(step["step"], (0, 0))
-        points.append(StepPoint(float(step["end_s"]), num_samples, num_tokens))
+        num_samples, num_tokens, reward_sum = trained.get(step["step"], (0, 0, 0.0))
+        points.append(StepPoint(float(step["end_s"]), num_samples, num_tokens, reward_sum))
     num_samples = sum(p.num_samples for p in points)
     cpu_s = None if cpu_ms_per_sample is None else cpu_ms_per_sample * num_samples / 1000
     return StepSeries(0.0, end_s, tuple(points), cpu_s)
@@ -57,10 +57,16 @@ def read_run(run_dir: Path) -> StepSeries:
 
     steps = json.loads((run_dir / "steps.json").read_text())
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    samples = pd.read_parquet(run_dir / "samples.parquet", columns=["train_step", "output_tokens"])
+    columns = ["train_step", "output_tokens", "reward"]
+    samples = pd.read_parquet(run_dir / "samples.parquet", columns=columns)
     samples = samples.dropna(subset=["train_step"])
-    per_step = samples.groupby("train_step")["output_tokens"].agg(["count", "sum"])
-    trained = {int(k): (int(row["count"]), int(row["sum"])) for k, row in per_step.iterrows()}
+    per_step = samples.groupby("train_step").agg(
+        count=("output_tokens", "count"), tokens=("output_tokens", "sum"), reward=("reward", "sum")
+    )
+    trained = {
+        int(k): (int(row["count"]), int(row["tokens"]), float(row["reward"]))
+        for k, row in per_step.iterrows()
+    }
     return step_series(
         steps, trained, float(metrics["makespan_s"]), metrics.get("cpu_ms_per_sample")
     )

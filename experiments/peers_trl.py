@@ -31,7 +31,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +103,15 @@ class TaskReward:
     """TRL reward function over :meth:`TaskSet.reward`; counts what it scores.
 
     TRL calls it with the dataset's extra columns as keyword lists (``prompt_id``) and
-    with every completion's token ids; :meth:`take` returns and resets the counts."""
+    with every completion's token ids; :meth:`take` returns and resets the counts and
+    the rewards' sum."""
 
     def __init__(self, tasks: TaskSet) -> None:
         self.__name__ = "task_reward"  # TRL names its reward metrics after it
         self.tasks = tasks
         self.num_samples = 0
         self.completion_tokens = 0
+        self.reward_sum = 0.0
 
     def __call__(
         self, completions: Sequence[str], prompt_id: Sequence[int],
@@ -117,11 +119,14 @@ class TaskReward:
     ) -> list[float]:  # fmt: skip
         self.num_samples += len(completions)
         self.completion_tokens += sum(len(ids) for ids in completion_ids or [])
-        return [self.tasks.reward(int(p), c) for p, c in zip(prompt_id, completions)]
+        rewards = [self.tasks.reward(int(p), c) for p, c in zip(prompt_id, completions)]
+        self.reward_sum += sum(rewards)
+        return rewards
 
-    def take(self) -> tuple[int, int]:
-        counts = (self.num_samples, self.completion_tokens)
+    def take(self) -> tuple[int, int, float]:
+        counts = (self.num_samples, self.completion_tokens, self.reward_sum)
         self.num_samples = self.completion_tokens = 0
+        self.reward_sum = 0.0
         return counts
 
 
@@ -152,8 +157,9 @@ def _step_clock(reward: TaskReward):  # -> StepClock (a transformers.TrainerCall
             self.cpu_s: list[float] = []
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            num_samples, num_tokens = reward.take()
-            self.points.append(StepPoint(time.perf_counter(), num_samples, num_tokens))
+            num_samples, num_tokens, reward_sum = reward.take()
+            now = time.perf_counter()
+            self.points.append(StepPoint(now, num_samples, num_tokens, reward_sum))
             self.cpu_s.append(time.process_time())
 
     return StepClock()
@@ -165,9 +171,7 @@ def series_of(points: Sequence[StepPoint], cpu_s: Sequence[float] = ()) -> StepS
     if len(points) <= WARMUP_STEPS:
         raise ValueError(f"{len(points)} steps ran: none timed after the warm-up")
     zero = points[WARMUP_STEPS - 1].end_s
-    timed = tuple(
-        StepPoint(p.end_s - zero, p.num_samples, p.completion_tokens) for p in points[WARMUP_STEPS:]
-    )
+    timed = tuple(replace(p, end_s=p.end_s - zero) for p in points[WARMUP_STEPS:])
     cpu = cpu_s[-1] - cpu_s[WARMUP_STEPS - 1] if len(cpu_s) == len(points) else None
     return StepSeries(0.0, timed[-1].end_s, timed, cpu)
 

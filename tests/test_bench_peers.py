@@ -20,7 +20,7 @@ from experiments.peers_load import (
     parse_host_busy_s,
 )
 from experiments.peers_rates import StepPoint, StepSeries, rates
-from experiments.peers_report import csv_rows, summarize, table_rows
+from experiments.peers_report import TABLE_HEADER, csv_rows, summarize, table_rows
 from experiments.peers_tandem import read_run, tandem_command
 from experiments.peers_trl import TaskReward, TrlJob, dataset_rows, series_of, step_prompt_ids
 from policies.spec import load_spec, override_spec
@@ -35,7 +35,7 @@ def _config(tmp_path, modes=("disagg-sync", "pipeline"), rounds=2, max_reruns=2)
                            max_reruns=max_reruns)  # fmt: skip
 
 
-def _series(*points: tuple[float, int, int], start_s=0.0, end_s=None) -> StepSeries:
+def _series(*points: tuple, start_s=0.0, end_s=None) -> StepSeries:
     steps = tuple(StepPoint(*p) for p in points)
     return StepSeries(start_s, end_s if end_s is not None else steps[-1].end_s, steps)
 
@@ -128,6 +128,16 @@ def test_whole_run_and_steady_state_rates():
     assert (r.steady_samples_per_s, r.steady_tokens_per_s) == (64 / 4, 640 / 4)
     assert (r.num_samples, r.completion_tokens, r.mean_completion_tokens) == (96, 960, 10.0)
     assert rates(_series((2.0, 8, 8))).steady_samples_per_s is None
+    assert r.mean_reward == 0.0 and r.late_reward == 0.0  # no reward recorded
+
+
+def test_reward_over_the_timed_steps_and_over_the_last_quarter():
+    # five steps of 8 samples; the last quarter is the last two steps (ceil(5 / 4))
+    steps = [(float(k), 8, 80, reward) for k, reward in enumerate([8.0, 6.0, 4.0, 2.0, 0.0])]
+    r = rates(_series(*steps))
+    assert r.mean_reward == pytest.approx(20.0 / 40)
+    assert r.late_reward == pytest.approx(2.0 / 16)
+    assert rates(_series((1.0, 0, 0))).mean_reward is None  # nothing trained
     with pytest.raises(ValueError):
         rates(StepSeries(0.0, 1.0, ()))
 
@@ -143,8 +153,8 @@ def test_cpu_per_sample_is_the_windows_cpu_over_the_samples_trained():
 
 
 def test_trl_series_starts_after_the_warm_up_step():
-    points = [StepPoint(100.0, 8, 99), StepPoint(102.0, 8, 10), StepPoint(103.0, 8, 20)]
-    assert series_of(points) == _series((2.0, 8, 10), (3.0, 8, 20))
+    points = [StepPoint(100.0, 8, 99), StepPoint(102.0, 8, 10, 4.0), StepPoint(103.0, 8, 20)]
+    assert series_of(points) == _series((2.0, 8, 10, 4.0), (3.0, 8, 20))
     # the CPU of the timed steps only: from the warm-up step's end to the last step's
     assert series_of(points, [30.0, 34.0, 37.5]).cpu_s == pytest.approx(7.5)
     with pytest.raises(ValueError):
@@ -157,8 +167,9 @@ def test_tandem_run_is_read_from_its_run_directory(tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps({"makespan_s": 6.0}))
     pd.DataFrame({
         "train_step": [0, 0, 1, 1, None], "output_tokens": [10, 12, 7, 9, 50],
+        "reward": [1.0, 0.5, 0.0, 0.25, 1.0],
     }).to_parquet(tmp_path / "samples.parquet")  # fmt: skip
-    assert read_run(tmp_path) == _series((3.0, 2, 22), (5.0, 2, 16), end_s=6.0)
+    assert read_run(tmp_path) == _series((3.0, 2, 22, 1.5), (5.0, 2, 16, 0.25), end_s=6.0)
     (tmp_path / "metrics.json").write_text(json.dumps({"makespan_s": 6.0, "cpu_ms_per_sample": 9}))
     assert rates(read_run(tmp_path)).cpu_ms_per_sample == pytest.approx(9.0)  # 4 trained
     cmd = tandem_command(tmp_path / "spec.yaml", "pipeline", 20, tmp_path / "out")
@@ -219,15 +230,15 @@ def test_trl_reward_is_the_task_reward_and_counts_what_it_scores():
     )  # fmt: skip
     assert out == [1.0, tasks.reward(7, wrong)] and out[1] < 1.0
     assert reward.__name__ == "task_reward"
-    assert reward.take() == (2, len(p.answer) + 1 + 4)
-    assert reward.take() == (0, 0)
+    assert reward.take() == (2, len(p.answer) + 1 + 4, pytest.approx(sum(out)))
+    assert reward.take() == (0, 0, 0.0)
 
 
 # --- summary ------------------------------------------------------------------------
 
 
 def _run(system, attempt, samples_per_s, disturbed=None) -> SystemRun:
-    r = rates(_series((1.0, 8, 80), (2.0, 8, 80), end_s=16 / samples_per_s))
+    r = rates(_series((1.0, 8, 80, 6.0), (2.0, 8, 80, 2.0), end_s=16 / samples_per_s))
     return SystemRun(system, attempt, r, RunLoad(10.0, 5.0, 5.0, 2), disturbed)
 
 
@@ -251,7 +262,10 @@ def test_summary_takes_medians_over_accepted_rounds_and_ratios_to_trl(tmp_path):
     )
     assert summary["rounds_rejected"] == [{"round": 2, "reason": "trl: busy"}]
     assert len(csv_rows(results)) == 8
-    assert [row[0] for row in table_rows(config, summary)] == [TRL, "pipeline"]
+    rows = table_rows(config, summary)
+    assert [row[0] for row in rows] == [TRL, "pipeline"]
+    assert all(len(row) == len(TABLE_HEADER) for row in rows)
+    assert rows[0][TABLE_HEADER.index("reward / last ¼")] == "0.50 / 0.25"
 
 
 def test_bench_peers_without_trl_names_the_extra(monkeypatch, capsys):

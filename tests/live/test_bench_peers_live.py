@@ -37,3 +37,4 @@ def test_trl_grpo_trainer_runs_on_the_tiny_model_and_reports_its_steps(model_dir
     assert r.samples_per_s > 0 and r.tokens_per_s > 0 and r.steady_samples_per_s > 0
     assert r.num_samples == 16
     assert 0 < r.cpu_ms_per_sample <= os.cpu_count() * 1000 * r.wall_s / r.num_samples
+    assert 0.0 <= r.late_reward <= 1.0 and 0.0 <= r.mean_reward <= 1.0  # the task reward
