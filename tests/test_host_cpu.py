@@ -29,8 +29,7 @@ def test_each_process_counts_under_its_role_and_nothing_twice():
     server = _start(LEADER.format(busy=BUSY.format(s=0.6)))
     stray = _start(BUSY.format(s=0.3))  # below this process, neither trainer nor server
     before = run_cpu_by_role(trainer.pid, [server.pid, 999_999_999])
-    time.sleep(0.3)
-    during = run_cpu_by_role(trainer.pid, [server.pid])
+    during = _until_busy(trainer.pid, server.pid, before)
     for p in (trainer, stray, server):
         p.wait(timeout=30)
     assert set(before) == {"actor", "trainer", "frontend", "engine", "other"}
@@ -39,6 +38,18 @@ def test_each_process_counts_under_its_role_and_nothing_twice():
     # gone and reaped, a process takes its CPU with it: roles are read while they run
     gone = run_cpu_by_role(trainer.pid, [server.pid])
     assert set(gone) == {"actor", "other"}
+
+
+def _until_busy(trainer: int, leader: int, before: dict[str, float]) -> dict[str, float]:
+    """The roles' CPU once the trainer has run 0.1 s and the engine has run at all since
+    ``before`` (read every 0.1 s, at most 20 s: a loaded host starts the children late)."""
+    deadline = time.monotonic() + 20.0
+    while True:
+        time.sleep(0.1)
+        during = run_cpu_by_role(trainer, [leader])
+        busy = during.get("trainer", 0.0) - before["trainer"] > 0.1
+        if (busy and during.get("engine", 0.0) > before["engine"]) or time.monotonic() > deadline:
+            return during
 
 
 def test_cpu_figures_are_per_sample_and_per_role():
