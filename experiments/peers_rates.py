@@ -12,7 +12,9 @@ the same way for every system:
 
 * **reward**: the mean task reward of the samples trained over the timed steps, and of
   those of the last quarter of the steps (``late_reward``): a system that trades learning
-  for speed (samples too stale for the step size) shows it here, beside its rates.
+  for speed (samples too stale for the step size) shows it here, beside its rates. (A
+  continuous mode trains last the groups that finished last, often the harder ones: its
+  late figure reads low for that alone; compare whole-run means.)
 
 * **CPU per sample**: the CPU seconds the system's own processes used over the whole
   window (``cpu_s``, where it was measured) per sample trained — what a sample costs the

@@ -25,7 +25,7 @@ CSV_COLUMNS = (
     "mean_completion_tokens", "cpu_ms_per_sample", "mean_reward", "late_reward", "wall_s",
     "other_load_share", "disturbed",
 )  # fmt: skip
-LEARNING = ("mean_completion_tokens", "cpu_ms_per_sample", "mean_reward", "late_reward")
+OTHER_FIGURES = ("mean_completion_tokens", "cpu_ms_per_sample", "mean_reward", "late_reward")
 
 
 def _figure(run: SystemRun, name: str) -> float | None:
@@ -54,7 +54,7 @@ def summarize(config: PeerBenchConfig, results: list[RoundResult]) -> dict[str, 
         runs = [run for r in used for run in r.runs if run.system == system]
         systems[system] = {
             name: _median_and_range([_figure(run, name) for run in runs])
-            for name in (*FIGURES, *LEARNING)
+            for name in (*FIGURES, *OTHER_FIGURES)
         }
     ratios = {
         mode: {

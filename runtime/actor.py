@@ -302,7 +302,7 @@ class Actor:
         entry = dataclasses.asdict(stats)
         self.recorder.steps.append(entry)
         stepped = self.now()
-        entry["end_s"] = stepped  # what the journal keeps; the step's end below
+        entry["end_s"] = stepped  # not start + busy_s: its micro-batches ran earlier
         path = self._checkpoint_for(step)
         if path:  # the history goes to the journal first, only what is new (runtime.history)
             delta = self.recorder.journal_delta(step, self.now())
@@ -317,12 +317,10 @@ class Actor:
         if self.on_step is not None:
             done = dataclasses.replace(stats, end_s=end)
             self.on_step(self.recorder.step_update(done, end, self.config.num_steps))
-        # where the step's own time went (policies.breakdown); the step ends here, not at
-        # the trainer's start + busy seconds (its micro-batches ran earlier, overlapped)
+        # where the step's own time went (policies.breakdown), and where it ended
         entry.update(
-            end_s=end,
             optimizer_s=stepped - start, checkpoint_s=saved - stepped, hooks_s=end - saved,
-            report_s=self.now() - end, done_s=self.now(),
+            report_s=self.now() - end, done_s=self.now(), end_s=end,
         )  # fmt: skip
         local = dataclasses.replace(stats, step=cmd.step, version=cmd.step + 1, end_s=end)
         self._events.put_nowait(TrainStepDone(end, local))
