@@ -79,7 +79,7 @@ def test_run_live_writes_results_with_versions(server, token, tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["stream-sync", "pipeline"])
 def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tmp_path, mode):
-    steps = 10  # long enough that the kill lands mid-run (a step takes ~0.3 s here)
+    steps = 20  # the kill lands at the second checkpoint, long before the end
     args = _overrides(server, token, mode, steps)
     sets = [f"--set={a}" for a in args]
     cmd = [sys.executable, "-m", "experiments.cli", "run", str(CONFIG), "--live",
@@ -93,7 +93,9 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tm
         while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert ckpt.exists() and proc.poll() is None, "the run never checkpointed"
-        time.sleep(1.0)  # into a later step
+        first = _identity(ckpt)
+        while _identity(ckpt) == first and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)  # until a later step's checkpoint replaced it
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -107,6 +109,15 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tm
         assert (samples["iteration"] == samples["train_step"]).all()
     assert (samples["iteration"] == samples["sample_id"] // 16).all()
     assert [s["step"] for s in result.steps] == list(range(steps))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file ``path`` is now (a checkpoint is replaced whole, by rename)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:  # between the old one's removal and the new one's rename
+        return None
+    return (st.st_ino, st.st_mtime_ns)
 
 
 def test_a_live_ranker_learns_from_the_runs_own_completions(server, token, tmp_path):
