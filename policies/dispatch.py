@@ -152,7 +152,10 @@ class SkewnessAwareDispatch:
         self._history.extend(preds)
         self._since_refresh += len(preds)
         big_batch = len(preds) * self._fraction >= 5
-        if big_batch or self._since_refresh >= self._refresh_every or self.last_num_long is None:
+        # while the history is short (a continuous mode sends a group at a time) each
+        # call moves the quantiles: refresh every call until it holds a few refreshes' worth
+        young = len(self._history) < 2 * self._refresh_every
+        if big_batch or young or self._since_refresh >= self._refresh_every:
             qs = np.quantile(np.asarray(self._history), [0.5, 0.9, 1 - self._fraction])
             self._quantiles = (float(qs[0]), float(qs[1]), float(qs[2]))
             self._since_refresh = 0
@@ -163,8 +166,10 @@ class SkewnessAwareDispatch:
             k = max(1, round(self._fraction * n))
             top = set(sorted(range(n), key=lambda i: -preds[i])[:k])
             return [i in top for i in range(n)]
-        threshold = self._quantiles[2]
-        return [p > 0 and p >= threshold for p in preds]
+        p50, _, threshold = self._quantiles
+        # above the median too: where most predictions tie (a few groups seen, or a tail
+        # thinner than the fraction) the quantile lands on the common length
+        return [p > 0 and p >= threshold and p > p50 for p in preds]
 
     def _split(
         self,

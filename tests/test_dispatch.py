@@ -190,3 +190,25 @@ def test_skewness_aware_long_instances_run_smaller_batches():
     long_max = max(count[i] for i in range(num_long))
     regular_min = min(count[i] for i in range(num_long, 8))
     assert long_max < regular_min
+
+
+def test_skewness_aware_group_by_group_marks_only_the_long_prompts():
+    # a continuous mode dispatches one group (four samples of a prompt) at a time: the
+    # long-tail threshold must come from what has been seen so far, not from the first
+    # group alone (a first short group made every later prompt at least as long "long")
+    d = SkewnessAwareDispatch(cost_model=BatchCost(), objective="sum", long_tail_fraction=0.08)
+    instances = [view(0, max_num_seqs=64), view(1, max_num_seqs=64)]
+    lengths = [3, 4, 100, 5, 3, 4, 5, 3, 120, 4, 5, 3]
+    placed: list[set[int]] = []
+    for g, length in enumerate(lengths):
+        group = [request(4 * g + j, float(length), prompt_tokens=0) for j in range(4)]
+        targets = d.assign(group, instances)
+        for t in targets:  # outstanding work, as the controller counts it
+            instances[t].num_assigned += 1
+            instances[t].assigned_tokens += length
+        placed.append(set(targets))
+    assert d.last_num_long == 1
+    # the long prompts went to the long-tail instance (0); once one had been seen, every
+    # short one went to the other
+    assert placed[2] == {0} and placed[8] == {0}
+    assert all(placed[g] == {1} for g in range(3, len(lengths)) if g != 8)
