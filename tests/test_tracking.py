@@ -113,12 +113,17 @@ def test_wandb_logs_offline_into_the_run_directory(tmp_path, monkeypatch):
     """Real wandb, offline: the run's record file holds the resolved spec and one history
     record per step (wandb >= 0.2x reads it back only through its Go core, so the test
     counts the keys in the protobuf records)."""
+    import wandb
+
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     spec = small_spec(run__iterations=2, run__tracking="wandb", run__name="wb-check")
     with tracker_for(spec, tmp_path) as tracker:
         result = Simulation(spec).run(on_step=tracker)
         tracker.finish(result.metrics)
+    # run.finish() returns before wandb's core process has flushed the record file (CI
+    # once read only its 7-byte header); teardown waits for the core to write everything
+    wandb.teardown()
     (record,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     data = record.read_bytes()
     assert data.count(b"throughput/samples_per_s") >= 2  # the steps 0 and 1
