@@ -120,6 +120,7 @@ def _knobs(spec: RunSpec) -> dict[str, object]:
 def controller_config(spec: RunSpec, micro_batch_samples: int) -> ControllerConfig:
     mode = mode_of(spec)
     p = spec.pipeline
+    overlap = bool(p.overlap_waves) and not mode.continuous  # pipeline overlaps by design
     return ControllerConfig(
         num_steps=spec.run.iterations,
         batch_size=spec.algorithm.batch_size,
@@ -128,9 +129,10 @@ def controller_config(spec: RunSpec, micro_batch_samples: int) -> ControllerConf
         colocated=mode.colocated,
         streaming=mode.streaming,
         max_lag=_staleness_bound(mode, p.max_lag, p.steps_per_generation),
-        inflight=p.inflight if mode.continuous else InflightHandling.BARRIER,
+        inflight=p.inflight if mode.continuous or overlap else InflightHandling.BARRIER,
         steps_per_wave=p.steps_per_generation if mode.conventional else 1,
         push_every=p.push_every if mode.continuous else 1,
+        overlap_waves=overlap,
     )
 
 

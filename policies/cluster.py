@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MAX_GPUS = 16_384  # per pool: the balanced split tries every size (~8 s at this bound)
 MAX_SEQS = 65_536  # max_num_seqs of one instance
 MAX_TOKENS = 10_000_000  # any per-sample token count (prompt, output, context)
+MAX_ITERATIONS = 1_000_000  # optimizer steps of a run
 
 
 def count(default: Any, *, ge: int = 0, le: int | None = None, **kw: Any) -> Any:
@@ -102,3 +103,10 @@ class ClusterSection(Section):
         if not self.generation:
             raise ValueError("generation needs at least one pool")
         return self
+
+
+def check_name(name: str, known: list[str]) -> str:
+    """``name`` if it is one of ``known`` (a registry's names), else a ValueError listing them."""
+    if name not in known:
+        raise ValueError(f"unknown name {name!r}; choose one of {', '.join(known)}")
+    return name

@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from policies.allocation import ALLOCATION
-from policies.cluster import MAX_TOKENS, ClusterSection, count
+from policies.cluster import MAX_ITERATIONS, MAX_TOKENS, ClusterSection, check_name, count
 from policies.cluster import Section as _Section
 from policies.dispatch import DISPATCH
 from policies.live_section import LiveSection
 from policies.modes import MODES
+from policies.pipeline_section import PipelineSection, overlap_modes
 from policies.predictors import PREDICTORS
-from policies.records import InflightHandling
 from policies.scheduling import SCHEDULING
 from policies.sim_section import SimSection
 from policies.spec_yaml import SpecError, apply_overrides, parse_override, read_yaml
@@ -29,7 +29,6 @@ from policies.spec_yaml import SpecError, apply_overrides, parse_override, read_
 __all__ = ["LiveSection", "SpecError", "apply_overrides", "parse_override", "read_yaml"]
 
 
-MAX_ITERATIONS = 1_000_000
 MAX_RUN_SAMPLES = 10_000_000  # run.iterations × algorithm.batch_size: what a run may hold
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # one path component: runs/NAME-... stays in runs/
 
@@ -180,66 +179,6 @@ class AlgorithmSection(_Section):
         return self
 
 
-class PipelineSection(_Section):
-    """The pipeline mode. ``max_lag`` is the ``pipeline`` mode's (unset: 4); every other
-    mode fixes its own bound (0 for the sync modes, 1 for the one-step async ones,
-    ``steps_per_generation − 1`` for ``conventional``), so there it stays unset (or equal
-    to that bound): any other value is an error naming the key, never ignored."""
-
-    mode: str = Field(
-        "stream-async", description="pipeline mode (tandem spec keys lists the registered ones)"
-    )
-    inflight: InflightHandling = Field(
-        InflightHandling.KEEP,
-        description="running requests at a weight update: keep, abort-resubmit or drain",
-    )
-    steps_per_generation: int = count(
-        1, ge=1, le=4096, description="conventional mode: optimizer steps per generated batch (G)"
-    )
-    max_lag: int | None = count(
-        None,
-        ge=0,
-        le=MAX_ITERATIONS,
-        description="pipeline mode: max versions a sample may lag (unset: 4)",
-    )  # after mode and steps_per_generation: its check reads them
-    push_every: int = count(
-        1, ge=1, le=MAX_ITERATIONS,
-        description="pipeline mode: push weights to the servers every this many optimizer "
-        "steps (1: every step, as PipelineRL); max_lag still bounds staleness",
-    )  # fmt: skip
-
-    @field_validator("mode")
-    @classmethod
-    def _known_mode(cls, value: str) -> str:
-        return _check_name(value, MODES.names())
-
-    @field_validator("max_lag")
-    @classmethod
-    def _lag_of_the_mode(cls, value: int | None, info: ValidationInfo) -> int | None:
-        """Resolve ``pipeline``'s default; refuse a lag the mode does not take."""
-        mode, steps = info.data.get("mode"), info.data.get("steps_per_generation")
-        if mode is None or steps is None:  # reported on their own keys
-            return value
-        traits = MODES.get(mode)
-        bound = traits.staleness_bound(value, steps)
-        return bound if traits.fixed_lag(steps) is None else value
-
-    @field_validator("push_every")
-    @classmethod
-    def _pushes_of_the_mode(cls, value: int, info: ValidationInfo) -> int:
-        mode = info.data.get("mode")
-        if value != 1 and mode is not None and not MODES.get(mode).continuous:
-            raise ValueError(f"{value} applies to mode 'pipeline' only, not {mode!r}: leave it 1")
-        return value
-
-    @field_validator("inflight")
-    @classmethod
-    def _not_barrier(cls, value: InflightHandling) -> InflightHandling:
-        if value == InflightHandling.BARRIER:
-            raise ValueError("must be keep, abort-resubmit or drain")
-        return value
-
-
 class ElasticSection(_Section):
     max_extra_instances: int = count(4, ge=0, le=4096, description="elastic: most instances added")
     gpus_per_step: int = count(8, ge=1, le=4096, description="GPUs added per scale-out (one node)")
@@ -267,22 +206,22 @@ class PoliciesSection(_Section):
     @field_validator("dispatch")
     @classmethod
     def _known_dispatch(cls, value: str) -> str:
-        return _check_name(value, DISPATCH.names())
+        return check_name(value, DISPATCH.names())
 
     @field_validator("scheduling")
     @classmethod
     def _known_scheduling(cls, value: str) -> str:
-        return _check_name(value, SCHEDULING.names())
+        return check_name(value, SCHEDULING.names())
 
     @field_validator("length_predictor")
     @classmethod
     def _known_predictor(cls, value: str) -> str:
-        return _check_name(value, PREDICTORS.names())
+        return check_name(value, PREDICTORS.names())
 
     @field_validator("allocation")
     @classmethod
     def _known_allocation(cls, value: str) -> str:
-        return _check_name(value, ALLOCATION.names())
+        return check_name(value, ALLOCATION.names())
 
 
 class RunSpec(_Section):
@@ -325,12 +264,6 @@ class RunSpec(_Section):
         return self.algorithm.batch_size // self.algorithm.group_size
 
 
-def _check_name(name: str, known: list[str]) -> str:
-    if name not in known:
-        raise ValueError(f"unknown name {name!r}; choose one of {', '.join(known)}")
-    return name
-
-
 def _format_errors(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -356,7 +289,8 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
     switches ``pipeline.mode`` to a mode fixing its own lag, without setting
     ``pipeline.max_lag`` too, drops the old spec's ``max_lag``: that belonged to the old
     mode (a ``pipeline`` base, or live-tiny's lag for ``pipeline`` runs); likewise one
-    switching to a mode that is not continuous drops ``pipeline.push_every``."""
+    switching to a mode that is not continuous drops ``pipeline.push_every``, and one
+    switching to a mode ``pipeline.overlap_waves`` does not apply to drops that."""
     data = apply_overrides(spec.model_dump(mode="json"), overrides)
     keys = {".".join(parse_override(text)[0]) for text in overrides}
     pipeline = data.get("pipeline")
@@ -367,6 +301,8 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
             pipeline["max_lag"] = None
         if "pipeline.push_every" not in keys and not traits.continuous:
             pipeline["push_every"] = 1
+        if "pipeline.overlap_waves" not in keys and mode not in overlap_modes():
+            pipeline["overlap_waves"] = None
     return spec_from_dict(data)
 
 

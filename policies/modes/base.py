@@ -58,6 +58,7 @@ class ControllerConfig:
     inflight: InflightHandling  # how instances load weights (BARRIER = between iterations)
     steps_per_wave: int = 1  # optimizer steps per generated batch (``conventional``)
     push_every: int = 1  # continuous modes: optimizer steps per weight push
+    overlap_waves: bool = False  # one-step async modes: a batch starts before the last ends
 
 
 class Controller:

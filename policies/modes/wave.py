@@ -13,6 +13,14 @@ One controller covers five published designs through its config:
 
 Batch ``w`` may start once batch ``w−1`` is fully generated and every instance holds
 weights ``≥ w − max_lag``; step ``w`` trains exactly batch ``w``.
+
+With ``overlap_waves`` (the one-step async modes, ``pipeline.overlap_waves``) batch ``w``
+need not wait for batch ``w−1``'s last answers: it starts once every instance holds
+weights ``w − max_lag``, which arrive in flight (``pipeline.inflight``: the tail of
+batch ``w−1`` keeps decoding on the newer weights). Staleness stays within ``max_lag``
+(a sample counts from the version it started on), and since weights ``w`` need step
+``w−1``, at most ``max_lag + 1`` batches are in flight. Steps still run in order: samples
+of a batch whose predecessor's step is open are held until that step closes.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from policies.modes.events import (
     TrainStepDone,
     WeightsLoaded,
 )
-from policies.records import Completion, InflightHandling
+from policies.records import Completion
 
 
 @register_mode("colocated-sync", colocated=True, max_lag=0)
@@ -51,6 +59,8 @@ class WaveController(Controller):
         self._wave_start_s: dict[int, float] = {}
         self.wave_gen_time_s: dict[int, float] = {}
         self._wave_done: list[Completion] = []  # finished samples of the current wave
+        self._open_step = 0  # the lowest wave whose optimizer step is not yet closed
+        self._held: dict[int, list[Completion]] = {}  # wave -> finished before its turn
         self._scale_pending = False
         self._handlers = {
             Start: self._on_start,
@@ -72,19 +82,32 @@ class WaveController(Controller):
         c = self._note_finished(event)
         wave = c.request.iteration
         self._remaining[wave] -= 1
-        out = [] if self.config.colocated else self._train(wave, c)
+        out: list[Command] = []
         if self.config.colocated:
             self._wave_done.append(c)
+        elif wave == self._open_step:
+            out += self._train(wave, c)
+        else:  # an overlapping batch: its step opens when its predecessor's closes
+            self._held.setdefault(wave, []).append(c)
         if self._remaining[wave] == 0:
             self.wave_gen_time_s[wave] = event.time_s - self._wave_start_s[wave]
-            out += self._on_wave_generated(wave)
-            out += self._maybe_start_wave(event.time_s)
-        return out
+            if self.config.colocated:
+                out.append(SwitchContext(Phase.TRAIN))
+            elif wave == self._open_step:
+                out += self._close_open_steps()
+        return out + self._maybe_start_wave(event.time_s)
 
-    def _on_wave_generated(self, wave: int) -> list[Command]:
-        if self.config.colocated:
-            return [SwitchContext(Phase.TRAIN)]
-        return self._close_step(wave)  # non-streaming: the whole batch in one go
+    def _close_open_steps(self) -> list[Command]:
+        """Close the open step (its batch is generated), then open the next: send the
+        samples it holds, and close it too if its batch is generated as well."""
+        out = self._close_step(self._open_step)
+        self._open_step += 1
+        wave = self._open_step
+        for c in self._held.pop(wave, []):
+            out += self._train(wave, c)
+        if self._remaining.get(wave) == 0:
+            out += self._close_open_steps()
+        return out
 
     def _on_step_done(self, event: TrainStepDone) -> list[Command]:
         step = event.stats.step
@@ -95,7 +118,7 @@ class WaveController(Controller):
         out: list[Command] = self._maybe_scale(step, event)
         if self.config.colocated:
             return [*out, SwitchContext(Phase.GENERATE)]
-        out.append(PushWeights(self.latest_version, InflightHandling.BARRIER))
+        out.append(PushWeights(self.latest_version, self.config.inflight))
         return out + self._maybe_start_wave(event.time_s)
 
     def _on_loaded(self, event: WeightsLoaded) -> list[Command]:
@@ -133,7 +156,7 @@ class WaveController(Controller):
     def _ready_for(self, wave: int) -> bool:
         if wave >= self.config.num_steps or self.finished:
             return False
-        if wave > 0 and self._remaining.get(wave - 1, 0) > 0:
+        if wave > 0 and self._remaining.get(wave - 1, 0) > 0 and not self.config.overlap_waves:
             return False
         if self.config.colocated and wave > 0 and self.latest_version < wave:
             return False
@@ -141,15 +164,16 @@ class WaveController(Controller):
         return all(v.version >= need for v in self.views.values())
 
     def _maybe_start_wave(self, time_s: float) -> list[Command]:
-        wave = self._next_wave
-        if not self._ready_for(wave):
-            return []
-        self._next_wave += 1
-        requests = self._predict(self._prompts.batch(wave))
-        self._remaining[wave] = len(requests)
-        self._wave_start_s[wave] = time_s
-        self._wave_done = []
-        return self._dispatch_to(requests, list(self.views.values()))
+        """Start every batch that may start now (more than one only with overlap)."""
+        out: list[Command] = []
+        while self._ready_for(wave := self._next_wave):
+            self._next_wave += 1
+            requests = self._predict(self._prompts.batch(wave))
+            self._remaining[wave] = len(requests)
+            self._wave_start_s[wave] = time_s
+            self._wave_done = []
+            out += self._dispatch_to(requests, list(self.views.values()))
+        return out
 
     def _maybe_scale(self, step: int, event: TrainStepDone) -> list[Command]:
         if self._scaling is None or self._scale_pending or step not in self.wave_gen_time_s:

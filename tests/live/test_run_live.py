@@ -77,6 +77,22 @@ def test_run_live_writes_results_with_versions(server, token, tmp_path, mode):
         assert "context_switch" in kinds
 
 
+def test_stream_async_with_overlap_starts_a_batch_before_the_last_one_ends(server, token, tmp_path):
+    """``pipeline.overlap_waves``: batch w+1 is dispatched before batch w's last answer,
+    weights load in flight, and every step still trains exactly its batch within lag 1."""
+    overrides = _overrides(server, token, "stream-async", 4) + ["pipeline.overlap_waves=true"]
+    result = run_live(load_spec(CONFIG, overrides), tmp_path)
+    samples = pd.read_parquet(tmp_path / "samples.parquet")
+    assert sorted(samples["sample_id"]) == list(range(4 * 16))
+    assert (samples["iteration"] == samples["train_step"]).all()
+    stale = samples["version_trained"] - samples["version_start"]
+    assert stale.between(0, 1).all() and stale.max() == 1
+    by_batch = samples.groupby("iteration")
+    first_dispatch, last_end = by_batch["dispatch_s"].min(), by_batch["gen_end_s"].max()
+    assert (first_dispatch.iloc[1:].to_numpy() < last_end.iloc[:-1].to_numpy()).any()
+    assert [s["step"] for s in result.steps] == list(range(4))
+
+
 @pytest.mark.parametrize("mode", ["stream-sync", "pipeline"])
 def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tmp_path, mode):
     steps = 20  # the kill lands at the second checkpoint, long before the end

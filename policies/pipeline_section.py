@@ -1,0 +1,101 @@
+"""The ``pipeline`` section of a run spec: the mode, its staleness bound and how weights
+reach the instances."""
+
+from __future__ import annotations
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from policies.cluster import MAX_ITERATIONS, check_name, count
+from policies.cluster import Section as _Section
+from policies.modes import MODES
+from policies.records import InflightHandling
+
+
+def overlap_modes() -> list[str]:
+    """The modes ``pipeline.overlap_waves`` applies to: the wave modes on their own
+    instances with a bound of at least one step (one-step-async, stream-async)."""
+    return [
+        name
+        for name in MODES.names()
+        if (t := MODES.get(name)).max_lag and not (t.colocated or t.continuous or t.conventional)
+    ]
+
+
+class PipelineSection(_Section):
+    """The pipeline mode. ``max_lag`` is the ``pipeline`` mode's (unset: 4); every other
+    mode fixes its own bound (0 for the sync modes, 1 for the one-step async ones,
+    ``steps_per_generation − 1`` for ``conventional``), so there it stays unset (or equal
+    to that bound): any other value is an error naming the key, never ignored."""
+
+    mode: str = Field(
+        "stream-async", description="pipeline mode (tandem spec keys lists the registered ones)"
+    )
+    inflight: InflightHandling = Field(
+        InflightHandling.KEEP,
+        description="running requests at a weight update: keep, abort-resubmit or drain",
+    )
+    steps_per_generation: int = count(
+        1, ge=1, le=4096, description="conventional mode: optimizer steps per generated batch (G)"
+    )
+    max_lag: int | None = count(
+        None,
+        ge=0,
+        le=MAX_ITERATIONS,
+        description="pipeline mode: max versions a sample may lag (unset: 4)",
+    )  # after mode and steps_per_generation: its check reads them
+    push_every: int = count(
+        1, ge=1, le=MAX_ITERATIONS,
+        description="pipeline mode: push weights to the servers every this many optimizer "
+        "steps (1: every step, as PipelineRL); max_lag still bounds staleness",
+    )  # fmt: skip
+    overlap_waves: bool | None = Field(
+        None,
+        description="one-step-async / stream-async: start batch w once every instance "
+        "holds weights w-1 (loaded in flight, as pipeline.inflight says) instead of after "
+        "batch w-1's last answer; staleness stays within 1. None: the mode's own (pipeline "
+        "always overlaps, the wave modes do not)",
+    )
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        return check_name(value, MODES.names())
+
+    @field_validator("max_lag")
+    @classmethod
+    def _lag_of_the_mode(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """Resolve ``pipeline``'s default; refuse a lag the mode does not take."""
+        mode, steps = info.data.get("mode"), info.data.get("steps_per_generation")
+        if mode is None or steps is None:  # reported on their own keys
+            return value
+        traits = MODES.get(mode)
+        bound = traits.staleness_bound(value, steps)
+        return bound if traits.fixed_lag(steps) is None else value
+
+    @field_validator("push_every")
+    @classmethod
+    def _pushes_of_the_mode(cls, value: int, info: ValidationInfo) -> int:
+        mode = info.data.get("mode")
+        if value != 1 and mode is not None and not MODES.get(mode).continuous:
+            raise ValueError(f"{value} applies to mode 'pipeline' only, not {mode!r}: leave it 1")
+        return value
+
+    @field_validator("overlap_waves")
+    @classmethod
+    def _overlap_of_the_mode(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        mode = info.data.get("mode")
+        if value is None or mode is None:
+            return value
+        if MODES.get(mode).continuous and not value:
+            raise ValueError(f"mode {mode!r} always overlaps its batches: leave it unset")
+        if value and not MODES.get(mode).continuous and mode not in overlap_modes():
+            names = ", ".join(repr(m) for m in overlap_modes())
+            raise ValueError(f"applies to modes {names} only, not {mode!r}: leave it unset")
+        return value
+
+    @field_validator("inflight")
+    @classmethod
+    def _not_barrier(cls, value: InflightHandling) -> InflightHandling:
+        if value == InflightHandling.BARRIER:
+            raise ValueError("must be keep, abort-resubmit or drain")
+        return value
