@@ -86,11 +86,16 @@ class PipelineSection(_Section):
         mode = info.data.get("mode")
         if value is None or mode is None:
             return value
-        if MODES.get(mode).continuous and not value:
-            raise ValueError(f"mode {mode!r} always overlaps its batches: leave it unset")
-        if value and not MODES.get(mode).continuous and mode not in overlap_modes():
+        if MODES.get(mode).continuous:
+            if not value:
+                raise ValueError(f"mode {mode!r} always overlaps its batches: leave it unset")
+            return value
+        if value and mode not in overlap_modes():
             names = ", ".join(repr(m) for m in overlap_modes())
             raise ValueError(f"applies to modes {names} only, not {mode!r}: leave it unset")
+        if value and info.data.get("inflight") == InflightHandling.ABORT_RESUBMIT:
+            # the wave modes do not dispatch aborted requests again: a batch would stall
+            raise ValueError("needs pipeline.inflight keep or drain, not abort-resubmit")
         return value
 
     @field_validator("inflight")

@@ -74,6 +74,14 @@ def test_the_key_names_the_modes_it_applies_to_and_is_dropped_when_switching_awa
         make_spec({"pipeline.mode": "disagg-sync", "pipeline.overlap_waves": True})
     with pytest.raises(SpecError, match=r"pipeline\.overlap_waves: mode 'pipeline' always"):
         make_spec({"pipeline.mode": "pipeline", "pipeline.overlap_waves": False})
+    with pytest.raises(SpecError, match=r"pipeline\.overlap_waves: needs pipeline\.inflight"):
+        make_spec(
+            {
+                "pipeline.mode": "stream-async",
+                "pipeline.inflight": "abort-resubmit",
+                "pipeline.overlap_waves": True,
+            }
+        )
     # a pipeline spec may carry it (bench peers' base) ...
     base = make_spec({"pipeline.mode": "pipeline", "pipeline.overlap_waves": True})
     assert not controller_config(base, 1).overlap_waves  # pipeline overlaps by design
