@@ -21,6 +21,13 @@ class LiveSection(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="cuda: NCCL weight group; otherwise gloo"
     )
+    weight_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="backend of the weight group (trainer to servers). auto: NCCL where the "
+        "trainer and every server hold GPUs of their own (the Ray launcher on a CUDA "
+        "cluster), gloo otherwise: NCCL refuses two ranks on one GPU, and servers started on "
+        "this machine share its GPU with the trainer; gloo carries a push through host memory",
+    )
     kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV cache per server, GiB")
     max_model_len: int = count(
         512, ge=16, le=MAX_TOKENS, description="longest prompt + output, tokens"

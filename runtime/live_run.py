@@ -97,6 +97,21 @@ def live_device(spec: RunSpec) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def weight_backend(spec: RunSpec, own_gpus: bool) -> str:
+    """The weight group's backend: ``live.weight_backend``, with ``auto`` resolved.
+
+    ``own_gpus``: the launcher gives the trainer and each server GPUs of their own (Ray
+    bundles). NCCL refuses a group with two ranks on one GPU ("Duplicate GPU detected"),
+    which is what servers started on this machine beside a CUDA trainer are; gloo then
+    carries the push through host memory into the servers' CUDA buffers."""
+    chosen, device = spec.live.weight_backend, live_device(spec)
+    if chosen == "nccl" and device != "cuda":
+        raise ValueError(f"live.weight_backend: nccl needs live.device cuda, not {device}")
+    if chosen != "auto":
+        return chosen
+    return "nccl" if device == "cuda" and own_gpus and not spec.live.server_urls else "gloo"
+
+
 def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
     """The trainer's settings from a spec (shared with the profiler)."""
     a = spec.algorithm
@@ -112,8 +127,9 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
 
 async def drive(
     spec: RunSpec, run_dir: RunDir, trainer: TrainerClient, servers: Servers,
-    length_predictor, after_step: AfterStep | None, on_step,
+    length_predictor, after_step: AfterStep | None, on_step, own_gpus: bool = False,
 ) -> RunResult:  # fmt: skip
+    """``own_gpus``: the launcher gave the trainer and each server GPUs of their own."""
     ckpt = run_dir.checkpoint
     log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
     position = resume_position(ckpt, await trainer.initialise(str(ckpt)))
@@ -126,7 +142,7 @@ async def drive(
         recorder = Recorder.resumed(position)
     recorder.on_fault = run_dir.append_fault  # faults.json is current during the run
     ids = sorted(servers.slots)
-    backend = "nccl" if live_device(spec) == "cuda" else "gloo"
+    backend = weight_backend(spec, own_gpus)
     host = spec.live.host
     log.info("joining the weight group (%s) with %d server(s)", backend, len(ids))
     await trainer.join_group([servers.addr(i) for i in ids], host, free_port(host), backend)
@@ -142,7 +158,7 @@ async def drive(
             startup["warm_up_s"] = await warm_up_servers(clients, spec)
             actor = make_actor(
                 spec, clients, trainer, recorder, trained_ids, offset, str(ckpt), length_predictor,
-                on_step,
+                on_step, backend,
             )  # fmt: skip
             actor.faults.servers, actor.after_step = servers, after_step
             startup["startup_s"] = process_age_s()  # the process's start to the clock's
@@ -191,7 +207,7 @@ def _cpu(trainer: TrainerClient, servers: Servers) -> dict[str, float]:
 
 def make_actor(
     spec, clients, trainer, recorder, trained_ids, offset: int, ckpt: str, length_predictor,
-    on_step,
+    on_step, backend: str,
 ) -> Actor:  # fmt: skip
     tasks = task_set(spec)
     source = TaskPromptSource(tasks, spec.algorithm.batch_size, spec.algorithm.group_size)
@@ -204,7 +220,7 @@ def make_actor(
         group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
         checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
         weight_host=spec.live.host,
-        weight_backend="nccl" if live_device(spec) == "cuda" else "gloo",
+        weight_backend=backend,
         num_steps=spec.run.iterations,
     )  # fmt: skip
     predictor = policies.predictor

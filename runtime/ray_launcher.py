@@ -76,7 +76,10 @@ async def _start_and_drive(spec, run_dir, servers, trainer, length_predictor, af
     placed = {**trainer.placements(), **servers.placements()}
     run_dir.record_processes({name: p.pid for name, p in placed.items()})
     run_dir.record_placement({name: dataclasses.asdict(p) for name, p in placed.items()})
-    return await drive(spec, run_dir, trainer, servers, length_predictor, after_step, on_step)
+    own_gpus = live_device(spec) == "cuda"  # each server and rank has a bundle of GPUs
+    return await drive(
+        spec, run_dir, trainer, servers, length_predictor, after_step, on_step, own_gpus
+    )
 
 
 class Placement:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU path, on a machine with CUDA (CI never runs it): one short live RL run — one
-# vLLM server and the trainer on one GPU, the weight group over NCCL — then
-# `tandem profile` there. The model has random weights in Qwen2.5-0.5B's shape (hidden
-# 896, 24 layers, 14 heads, MLP 4864; full multi-head KV) with the tiny model's
-# character tokenizer, so the live tasks run unchanged (rewards stay near zero).
+# vLLM server and the trainer on one GPU, the weight group over gloo (NCCL refuses two
+# ranks on one GPU) — then `tandem profile` there. The model has random weights in
+# Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, MLP 4864; full multi-head KV)
+# with the tiny model's character tokenizer, so the live tasks run unchanged (rewards
+# stay near zero).
 # Usage: bash scripts/gpu-check.sh [OUT_DIR]   (default runs/gpu-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -69,3 +69,22 @@ def test_ray_without_live_is_refused_before_anything_runs(tmp_path, capsys):
     assert main(["run", "live-tiny", "--ray", "--out", str(tmp_path / "x")]) == 2
     assert "--ray places a live run: add --live" in capsys.readouterr().out
     assert not (tmp_path / "x").exists()
+
+
+def test_the_weight_group_uses_nccl_only_where_every_member_has_gpus_of_its_own():
+    from runtime.live_run import weight_backend
+
+    cuda = _spec("live.device=cuda")
+    # servers started on this machine share its GPU with the trainer: NCCL would refuse
+    # the group ("Duplicate GPU detected", seen on an H200: docs/ray.md)
+    assert weight_backend(cuda, own_gpus=False) == "gloo"
+    assert weight_backend(cuda, own_gpus=True) == "nccl"  # Ray bundles
+    attached = _spec("live.device=cuda", "live.server_urls=[http://127.0.0.1:8400]")
+    assert weight_backend(attached, own_gpus=True) == "gloo"  # where they run is unknown
+    assert weight_backend(_spec("live.device=cpu"), own_gpus=True) == "gloo"
+    chosen = _spec("live.device=cuda", "live.weight_backend=nccl")
+    assert weight_backend(chosen, own_gpus=False) == "nccl"
+    with pytest.raises(ValueError, match="live.weight_backend: nccl needs live.device cuda"):
+        weight_backend(_spec("live.device=cpu", "live.weight_backend=nccl"), own_gpus=True)
+    with pytest.raises(ValueError, match="weight_backend"):
+        _spec("live.weight_backend=mpi")

@@ -167,7 +167,7 @@ def _actor(
     clients[num_servers - 1].break_after = break_after
     trainer = FakeTrainer(world)
     recorder = Recorder()
-    actor: Actor = make_actor(spec, clients, trainer, recorder, set(), 0, None, None, None)
+    actor: Actor = make_actor(spec, clients, trainer, recorder, set(), 0, None, None, None, "gloo")
     actor.faults.servers = FakeServers(world, restart)
     return actor, world, trainer, recorder
 
