@@ -1,107 +1,30 @@
 """Pipeline-mode controllers driven by scripted events; the exact commands they answer with.
 
-Two instances, batches of four samples in groups of two, round-robin dispatch and a fake
-predictor (``10 × (sample_id + 1)`` tokens), so every expected command is written out.
+The scripted controller is ``controller_script.Script``; elastic generation is in
+``test_elastic_controllers``.
 """
 
 from __future__ import annotations
 
 import pytest
-from helpers import FakePredictor, FakePrompts, completion, make_spec, view
+from controller_script import BARRIER, Script
+from helpers import make_spec
 
-from policies.build import build_controller, controller_config
-from policies.dispatch import RoundRobinDispatch
+from policies.build import controller_config
 from policies.modes import MODES
 from policies.modes.events import (
-    ContextSwitched,
     Dispatch,
     Finish,
-    InstanceAdded,
-    InstanceRetired,
     OptimizerStep,
     Phase,
     PushWeights,
     RequestsAborted,
-    SampleFinished,
-    ScaleIn,
-    ScaleOut,
-    Start,
     SwitchContext,
     TrainSamples,
-    TrainStepDone,
-    WeightsLoaded,
 )
 from policies.modes.pipeline import PipelineController
 from policies.modes.wave import WaveController
-from policies.records import InflightHandling, StepStats
-
-BARRIER = InflightHandling.BARRIER
-
-
-class Script:
-    """A controller under test plus shorthands for its events and the expected requests."""
-
-    def __init__(
-        self,
-        mode: str,
-        iterations: int = 2,
-        micro_batch: int = 2,
-        max_num_seqs: int = 256,
-        scaling=None,
-        **spec: object,
-    ) -> None:
-        self.spec = make_spec(
-            {
-                "pipeline.mode": mode,
-                "run.iterations": iterations,
-                "algorithm.batch_size": 4,
-                "algorithm.group_size": 2,
-                **spec,
-            }
-        )
-        self.prompts = FakePrompts(batch_size=4, group_size=2)
-        self.ctl = build_controller(
-            self.spec,
-            self.prompts,
-            FakePredictor(),
-            RoundRobinDispatch(),
-            [view(0, max_num_seqs=max_num_seqs), view(1, max_num_seqs=max_num_seqs)],
-            micro_batch_samples=micro_batch,
-            scaling=scaling,
-        )
-        self.done: dict[int, object] = {}
-
-    def r(self, sample_id: int):
-        """Request ``sample_id`` as dispatched: with its prediction."""
-        return self.prompts.request(sample_id, predicted=10.0 * (sample_id + 1))
-
-    def rs(self, *ids: int) -> tuple:
-        return tuple(self.r(i) for i in ids)
-
-    def c(self, sample_id: int):
-        return self.done[sample_id]
-
-    def cs(self, *ids: int) -> tuple:
-        return tuple(self.done[i] for i in ids)
-
-    def start(self):
-        return self.ctl.handle(Start(0.0))
-
-    def finish(self, sample_id: int, instance: int, t: float, v_start: int = 0, v_end=None):
-        c = completion(self.r(sample_id), instance, t, v_start, v_end)
-        self.done[sample_id] = c
-        return self.ctl.handle(SampleFinished(t, c))
-
-    def step_done(self, step: int, t: float):
-        stats = StepStats(step, step + 1, 4, 60, t - 1.0, t, busy_s=0.5)
-        return self.ctl.handle(TrainStepDone(t, stats))
-
-    def loaded(self, instance: int, version: int, t: float):
-        return self.ctl.handle(WeightsLoaded(t, instance, version))
-
-    def switched(self, to: Phase, t: float):
-        return self.ctl.handle(ContextSwitched(t, to))
-
+from policies.records import InflightHandling
 
 # -- construction -------------------------------------------------------------------------
 
@@ -271,102 +194,6 @@ def test_colocated_sync_switches_context_around_each_step():
     assert s.finish(7, 1, 9.0, v_start=1) == [SwitchContext(Phase.TRAIN)]
     assert s.switched(Phase.TRAIN, 10.0) == [TrainSamples(1, s.cs(4, 5, 6, 7)), OptimizerStep(1)]
     assert s.step_done(1, 11.0) == [Finish()]
-
-
-class AddOne:
-    def __init__(self) -> None:
-        self.calls: list[tuple[float, float, int]] = []
-
-    def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
-        self.calls.append((gen_time_s, train_time_s, num_instances))
-        return 1
-
-
-def test_elastic_scale_out_and_the_new_instance_gets_work():
-    rule = AddOne()
-    s = Script("disagg-sync", iterations=3, scaling=rule)
-    s.start()
-    for sid in range(4):
-        s.finish(sid, sid % 2, 1.0 + sid)
-    assert s.step_done(0, 6.0) == [ScaleOut(1), PushWeights(1, BARRIER)]
-    assert rule.calls == [(4.0, 0.5, 2)]  # wave 0 took 4 s, step 0 was busy 0.5 s
-    # the new instance starts with the latest weights; it joins the next wave
-    assert s.ctl.handle(InstanceAdded(6.5, view(2, version=1))) == []
-    assert s.loaded(0, 1, 7.0) == []
-    # round-robin over three instances from cursor 4: 4→1, 5→2, 6→0, 7→1
-    assert s.loaded(1, 1, 7.0) == [
-        Dispatch(0, s.rs(6)),
-        Dispatch(1, s.rs(4, 7)),
-        Dispatch(2, s.rs(5)),
-    ]
-    for sid in range(4, 8):
-        s.finish(sid, [1, 2, 0, 1][sid - 4], 8.0, v_start=1)
-    # a second scale-out is asked for only once the first has arrived
-    assert s.step_done(1, 9.0) == [ScaleOut(1), PushWeights(2, BARRIER)]
-    assert rule.calls[-1] == (1.0, 0.5, 3)
-    assert s.loaded(0, 2, 9.5) == []
-    assert s.loaded(1, 2, 9.5) == []
-    # cursor 8: 8→2, 9→0, 10→1, 11→2
-    assert s.loaded(2, 2, 9.5) == [
-        Dispatch(0, s.rs(9)),
-        Dispatch(1, s.rs(10)),
-        Dispatch(2, s.rs(8, 11)),
-    ]
-
-
-def test_no_second_scale_out_while_one_is_pending():
-    rule = AddOne()
-    s = Script("one-step-async", iterations=4, scaling=rule)
-    s.start()
-    for sid in range(4):
-        s.finish(sid, sid % 2, 1.0)
-    for sid in range(4, 8):
-        s.finish(sid, sid % 2, 2.0)
-    assert s.step_done(0, 3.0) == [ScaleOut(1), PushWeights(1, BARRIER)]
-    assert s.step_done(1, 4.0) == [PushWeights(2, BARRIER)]  # still waiting for the first
-    assert len(rule.calls) == 1
-
-
-class RetireOne:
-    def __init__(self) -> None:
-        self.calls: list[tuple[float, float, int]] = []
-
-    def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
-        return 0
-
-    def instances_to_retire(
-        self, gen_time_s: float, train_time_s: float, num_instances: int
-    ) -> int:
-        self.calls.append((gen_time_s, train_time_s, num_instances))
-        return 1
-
-
-def test_elastic_scale_in_drains_the_newest_instance_and_gives_it_nothing_new():
-    rule = RetireOne()
-    s = Script("one-step-async", iterations=3, scaling=rule)
-    s.start()
-    for sid in range(4):
-        s.finish(sid, sid % 2, 1.0 + sid)  # wave 1 goes out: 4, 6 to instance 0; 5, 7 to 1
-    assert s.step_done(0, 5.0) == [ScaleIn((1,)), PushWeights(1, BARRIER)]
-    assert rule.calls == [(4.0, 0.5, 2)]
-    # the retiring instance finishes what it runs; its samples count as any other
-    assert s.finish(5, 1, 5.5) == [] and s.finish(7, 1, 5.6) == []
-    assert s.ctl.handle(InstanceRetired(5.7, 1)) == []
-    assert s.finish(4, 0, 6.0) == []
-    assert s.finish(6, 0, 6.1) == [TrainSamples(1, s.cs(5, 7, 4, 6)), OptimizerStep(1)]
-    # wave 2 waits for instance 0's weights only, and all of it goes there
-    assert s.loaded(0, 1, 6.2) == [Dispatch(0, s.rs(8, 9, 10, 11))]
-    assert list(s.ctl.views) == [0] and s.ctl.retiring == {}
-
-
-def test_the_last_instance_is_never_retired():
-    rule = RetireOne()
-    s = Script("disagg-sync", iterations=2, scaling=rule)
-    s.ctl.views.pop(1)
-    s.start()
-    for sid in range(4):
-        s.finish(sid, 0, 1.0 + sid)
-    assert s.step_done(0, 6.0) == [PushWeights(1, BARRIER)]
 
 
 # -- pipeline mode --------------------------------------------------------------------------

@@ -4,8 +4,8 @@ waits for it, and ``InstanceAdded`` brings it back. Two instances, round-robin."
 
 from __future__ import annotations
 
+from controller_script import Script
 from helpers import view
-from test_controllers import Script
 
 from policies.modes.events import (
     Dispatch,

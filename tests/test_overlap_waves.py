@@ -4,8 +4,8 @@ answer, with weights loaded in flight, steps still in order and staleness within
 from __future__ import annotations
 
 import pytest
+from controller_script import Script
 from helpers import make_spec, small_spec
-from test_controllers import Script
 
 from policies.build import controller_config
 from policies.modes.events import (
