@@ -85,6 +85,12 @@ class LiveSection(Section):
     )
 
     @model_validator(mode="after")
+    def _nccl_on_gpus(self) -> LiveSection:
+        if self.weight_backend == "nccl" and self.device == "cpu":
+            raise ValueError("live.weight_backend: nccl needs live.device cuda (or auto), not cpu")
+        return self
+
+    @model_validator(mode="after")
     def _restart_own_servers(self) -> LiveSection:
         if self.restart_servers and self.server_urls:
             raise ValueError(

@@ -71,7 +71,8 @@ def test_ray_without_live_is_refused_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
-def test_the_weight_group_uses_nccl_only_where_every_member_has_gpus_of_its_own():
+def test_the_weight_group_uses_nccl_only_where_every_member_has_gpus_of_its_own(monkeypatch):
+    from runtime import live_run
     from runtime.live_run import weight_backend
 
     cuda = _spec("live.device=cuda")
@@ -85,6 +86,9 @@ def test_the_weight_group_uses_nccl_only_where_every_member_has_gpus_of_its_own(
     chosen = _spec("live.device=cuda", "live.weight_backend=nccl")
     assert weight_backend(chosen, own_gpus=False) == "nccl"
     with pytest.raises(ValueError, match="live.weight_backend: nccl needs live.device cuda"):
-        weight_backend(_spec("live.device=cpu", "live.weight_backend=nccl"), own_gpus=True)
+        _spec("live.device=cpu", "live.weight_backend=nccl")  # refused with the spec
+    monkeypatch.setattr(live_run, "live_device", lambda spec: "cpu")  # auto, without CUDA
+    with pytest.raises(ValueError, match="live.weight_backend: nccl needs live.device cuda"):
+        weight_backend(_spec("live.weight_backend=nccl"), own_gpus=True)
     with pytest.raises(ValueError, match="weight_backend"):
         _spec("live.weight_backend=mpi")
