@@ -108,8 +108,15 @@ class ServerActor:
             stop_server(self._server, grace_s=2.0)
 
 
+# the concurrency group (a thread of its own) in which rank 0 answers a push's
+# ``answers_ready`` / ``push_answers`` while a train call runs (runtime.trainer_proc)
+ANSWERS_GROUP = "answers"
+
+
 class TrainerRank:
-    """Rank ``rank`` of the sharded trainer; one typed method per trainer call."""
+    """Rank ``rank`` of the sharded trainer; one typed method per trainer call. Wrapped
+    with ``ray.remote(concurrency_groups={ANSWERS_GROUP: 1})``: the calls of the default
+    group run one at a time, the push answers beside them."""
 
     def __init__(self, config: TrainerConfig, rank: int, world_size: int, device: str) -> None:
         self.config = config

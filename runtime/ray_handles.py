@@ -18,7 +18,7 @@ from typing import Any
 
 from policies.records import StepStats
 from runtime.errors import ProcessDied, describe_exit
-from runtime.ray_actors import Placed, ServerInfo
+from runtime.ray_actors import ANSWERS_GROUP, Placed, ServerInfo
 from runtime.recorder import DataPosition
 from runtime.supervisor import Servers, ServerSlot
 from runtime.trainer import TrainItem
@@ -184,11 +184,16 @@ class RayTrainerGroup:
         await self._one(0, "send_weights", self.ranks[0].send_weights.remote(version))
 
     async def push_answers(self) -> PushResult:
-        """Polled, as ``TrainerProcess.push_answers``: rank 0 runs one call at a time."""
-        rank0 = self.ranks[0]
-        while not await self._one(0, "answers_ready", rank0.answers_ready.remote()):
+        """Polled, as ``TrainerProcess.push_answers``, in rank 0's answers group: read while
+        a train call runs there (not behind this group's lock either)."""
+
+        def ask(name: str) -> Awaitable[Any]:
+            method = getattr(self.ranks[0], name)
+            return method.options(concurrency_group=ANSWERS_GROUP).remote()
+
+        while not await self._await(0, "answers_ready", ask("answers_ready")):
             await asyncio.sleep(ANSWER_POLL_S)
-        return await self._one(0, "push_answers", rank0.push_answers.remote())
+        return await self._await(0, "push_answers", ask("push_answers"))
 
     async def train(self, items: list[TrainItem], now_s: float) -> float:
         return (await self._all("train", lambda r: r.train.remote(items, now_s)))[0]

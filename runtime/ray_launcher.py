@@ -31,7 +31,7 @@ from policies.results import RunResult
 from policies.spec import RunSpec
 from runtime.errors import LiveRunError
 from runtime.live_run import AfterStep, OnStep, drive, live_device, model_dir_for, trainer_config
-from runtime.ray_actors import ServerActor, ServerSettings, TrainerRank
+from runtime.ray_actors import ANSWERS_GROUP, ServerActor, ServerSettings, TrainerRank
 from runtime.ray_handles import RayServers, RayTrainerGroup
 from runtime.ray_placement import Bundle, RayPlan, ServerPlace, check_plan, label_datacenters, plan
 from runtime.ray_session import ray_session
@@ -149,7 +149,8 @@ def _make(ray, spec, run_dir, placement: Placement) -> tuple[RayServers, RayTrai
     """The (not yet started) servers and trainer ranks, each on its bundle."""
     model_dir = model_dir_for(spec)
     token = spec.live.token or secrets.token_hex(16)
-    server_actor, rank_actor = ray.remote(ServerActor), ray.remote(TrainerRank)
+    server_actor = ray.remote(ServerActor)
+    rank_actor = ray.remote(concurrency_groups={ANSWERS_GROUP: 1})(TrainerRank)
 
     async def make_server(i: int) -> Any:
         place, options = await placement.server(i)

@@ -19,7 +19,9 @@ rank 0), then ``push_weights(version)`` on rank 0, which sends what it gathered.
 A push has two halves: ``send_weights`` asks every server for the update and starts the
 broadcast; ``push_answers`` waits for it and for the servers' answers (each checks and
 loads what it received). ``push_weights`` is both. The trainer is free between the two:
-it trains the next samples while the backend's threads send and the servers load.
+it trains the next samples while the backend's threads send and the servers load. The
+answers come over a second pipe, served by a thread of the child, so that the actor
+learns that the servers hold the new weights while a train call is still running.
 """
 
 from __future__ import annotations
@@ -203,28 +205,52 @@ _CALLS = (
     "initialise", "join_group", "push_weights", "send_weights", "answers_ready", "push_answers",
     "train", "step", "checkpoint", "checksums",
 )  # fmt: skip
+# answered on a second pipe by a thread of their own, while the main thread trains: read
+# through the main pipe, the servers' answers waited for the micro-batch being trained
+# (up to ~0.2 s a push with long answers; docs/live-throughput.md)
+_ANSWER_CALLS = ("answers_ready", "push_answers")
+
+
+def _answer(conn, worker: TrainerWorker, names: tuple[str, ...]) -> bool:
+    """Run one call from ``conn``; False once the caller asked to stop."""
+    msg = conn.recv()
+    if msg is None:
+        return False
+    name, args = msg
+    try:
+        assert name in names, name
+        conn.send((True, getattr(worker, name)(*args)))
+    except Exception as err:
+        conn.send((False, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+    return True
+
+
+def _serve_answers(conn, worker: TrainerWorker) -> None:
+    with contextlib.suppress(EOFError, OSError):
+        while _answer(conn, worker, _ANSWER_CALLS):
+            pass
 
 
 def _serve_calls(
-    conn, config: TrainerConfig, cores: list[int] | None, nice: int, parent_pid: int
-) -> None:
+    conn, answers_conn, config: TrainerConfig, cores: list[int] | None, nice: int,
+    parent_pid: int,
+) -> None:  # fmt: skip
     die_with_parent(signal.SIGKILL, parent_pid)  # a killed launcher leaves no trainer
     if cores:
         os.sched_setaffinity(0, cores)
     if nice:
         os.nice(nice)
     worker = TrainerWorker(config)
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            worker.close()  # the last checkpoint is complete before the process ends
-            return
-        name, args = msg
-        try:
-            assert name in _CALLS, name
-            conn.send((True, getattr(worker, name)(*args)))
-        except Exception as err:
-            conn.send((False, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+    serve(conn, answers_conn, worker)
+    worker.close()  # the last checkpoint is complete before the process ends
+
+
+def serve(conn, answers_conn, worker: TrainerWorker) -> None:
+    """Answer ``worker``'s calls from ``conn`` until it sends None, and its push answers
+    from ``answers_conn`` on a thread of their own meanwhile."""
+    threading.Thread(target=_serve_answers, args=(answers_conn, worker), daemon=True).start()
+    while _answer(conn, worker, _CALLS):
+        pass
 
 
 class TrainerClient(Protocol):
@@ -259,18 +285,21 @@ class TrainerProcess:
         self.nice = nice
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
+        self._answers_conn = None  # push answers, read while a call runs on the main pipe
         self._lock = asyncio.Lock()
+        self._answers_lock = asyncio.Lock()
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
+        answers_parent, answers_child = ctx.Pipe()
         self._proc = ctx.Process(
             target=_serve_calls,
-            args=(child, self.config, self.cores, self.nice, os.getpid()),
+            args=(child, answers_child, self.config, self.cores, self.nice, os.getpid()),
             daemon=True,
         )
         self._proc.start()
-        self._conn = parent
+        self._conn, self._answers_conn = parent, answers_parent
 
     # -- the trainer's methods, each run in the child, one at a time -----------------------
 
@@ -292,12 +321,12 @@ class TrainerProcess:
         await self._call("send_weights", version)
 
     async def push_answers(self) -> PushResult:
-        """The servers' answers. The child runs one call at a time, so this asks every few
-        milliseconds whether they are in rather than waiting inside it: train calls go on
-        between the polls."""
-        while not await self._call("answers_ready"):
+        """The servers' answers, read on the child's second pipe while a train call runs
+        on the first; asked every few milliseconds whether they are in rather than waiting
+        inside the child, so that a stopping run is not held by a slow server."""
+        while not await self._answers_call("answers_ready"):
             await asyncio.sleep(ANSWER_POLL_S)
-        return await self._call("push_answers")
+        return await self._answers_call("push_answers")
 
     async def train(self, items: list[TrainItem], now_s: float) -> float:
         """Forward and backward over ``items`` into the current step; the loss."""
@@ -314,16 +343,20 @@ class TrainerProcess:
 
     async def _call(self, name: str, *args: Any) -> Any:
         async with self._lock:
-            return await asyncio.to_thread(self._call_sync, name, *args)
+            return await asyncio.to_thread(self._call_sync, self._conn, name, *args)
+
+    async def _answers_call(self, name: str) -> Any:
+        async with self._answers_lock:
+            return await asyncio.to_thread(self._call_sync, self._answers_conn, name)
 
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def _call_sync(self, name: str, *args: Any) -> Any:
+    def _call_sync(self, conn, name: str, *args: Any) -> Any:
         try:
-            self._conn.send((name, args))
-            ok, value = self._conn.recv()
+            conn.send((name, args))
+            ok, value = conn.recv()
         except (EOFError, OSError):  # the child is gone: say how it died
             self._proc.join(timeout=5)
             raise ProcessDied(

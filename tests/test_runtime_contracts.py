@@ -4,6 +4,8 @@ resource names and the one list of metric names."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
+import threading
 
 from helpers import completion, request
 
@@ -11,7 +13,7 @@ from policies.records import SampleRecord, Span, SpanKind, StepStats
 from policies.resources import TRAINER, generation_resource, instance_of, is_link, link_resource
 from policies.results import METRIC_NAMES, SUMMARY_METRICS, compute_metrics
 from runtime.recorder import DataPosition, Recorder
-from runtime.trainer_proc import TrainerProcess
+from runtime.trainer_proc import PushResult, TrainerProcess, serve
 
 
 def _recorder() -> Recorder:
@@ -75,6 +77,50 @@ def test_the_trainer_process_has_typed_methods_over_its_pipe():
         "checkpoint",
     ]
     assert proc._conn.sent[3][1] == ("last.pt", position.to_dict())  # plain data in the file
+
+
+class SlowTrainWorker:
+    """A trainer worker whose train call runs until released, with a push answered."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.answered = PushResult(5, [0.01], [{"load_ms": 1.0}])
+
+    def train(self, items, now_s: float) -> float:
+        assert self.release.wait(30), "never released"
+        return 1.5
+
+    def answers_ready(self) -> bool:
+        return True
+
+    def push_answers(self) -> PushResult:
+        return self.answered
+
+
+def test_push_answers_are_read_while_a_train_call_runs():
+    """The servers' answers to a push must not wait for the micro-batch being trained: the
+    next batch's dispatch waits for them (docs/live-throughput.md, eleventh session)."""
+    worker = SlowTrainWorker()
+    conn, child = mp.Pipe()
+    answers, answers_child = mp.Pipe()
+    server = threading.Thread(target=serve, args=(child, answers_child, worker), daemon=True)
+    server.start()
+    proc = TrainerProcess(config=None)  # type: ignore[arg-type] - the pipes are set by hand
+    proc._conn, proc._answers_conn = conn, answers
+
+    async def script() -> None:
+        training = asyncio.create_task(proc.train([], 0.0))
+        await asyncio.sleep(0.05)
+        result = await asyncio.wait_for(proc.push_answers(), timeout=10)
+        assert result == worker.answered
+        assert not training.done()  # the answers came while the train call still ran
+        worker.release.set()
+        assert await training == 1.5
+
+    asyncio.run(script())
+    conn.send(None)  # the serving loop ends
+    server.join(10)
+    assert not server.is_alive()
 
 
 def test_resource_names_are_spelled_in_one_place():
