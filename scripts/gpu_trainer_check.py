@@ -157,7 +157,7 @@ def push(model_dir: str, backend: str, out_dir: Path) -> dict:
     try:
         sender.join(HOST, port, 2, backend, 60.0)
         start = time.perf_counter()
-        sender.send(sender.pack(named), 60.0)
+        sender.send(flats, 60.0)  # the buffers packed above (join keeps them)
         send_s = time.perf_counter() - start
         proc.join(120)
         if proc.exitcode != 0:
