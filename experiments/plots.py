@@ -43,15 +43,31 @@ def save_figure(fig: plt.Figure, path: Path) -> None:
     write_atomic(path, buf.getvalue())
 
 
+ROLE_COLORS = {  # runtime.host_cpu's roles
+    "engine": "#4a90d9",
+    "frontend": "#9bc2ea",
+    "trainer": "#7ed321",
+    "actor": "#f5a623",
+    "other": "#999999",
+}
+
+
 def timeline(result: RunResult, path: Path, max_resources: int = 48) -> Path:
-    """Gantt chart of every resource: bubbles are the white gaps and grey idle spans."""
+    """Gantt chart of every resource: bubbles are the white gaps and grey idle spans; a live
+    run's CPU timeline below it (the cores each role used)."""
     spans = result.spans_frame()
     names = _resource_order(list(spans["resource"]))
     if len(names) > max_resources:  # keep the trainer, links and the first instances
         gens = [n for n in names if is_generation(n)]
         keep = set(names) - set(gens[max_resources:])
         names = [n for n in names if n in keep]
-    fig, ax = plt.subplots(figsize=(12, 1.5 + 0.28 * len(names)))
+    height = 1.5 + 0.28 * len(names)
+    if result.cpu_timeline:
+        fig, (ax, cpu_ax) = plt.subplots(
+            2, 1, figsize=(12, height + 2.0), sharex=True, height_ratios=[height, 2.0]
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(12, height))
     for row, name in enumerate(names):
         own = spans[spans["resource"] == name]
         for kind, group in own.groupby("kind"):
@@ -59,13 +75,34 @@ def timeline(result: RunResult, path: Path, max_resources: int = 48) -> Path:
             ax.broken_barh(bars, (row - 0.4, 0.8), color=KIND_COLORS.get(str(kind), "#999"))
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("time since run start (s)")
     title = f"{result.spec.run.name}: {result.spec.pipeline.mode}"
     ax.set_title(f"{title} — {result.metrics['throughput_samples_per_s']:.3g} samples/s")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLORS.values()]
     ax.legend(handles, KIND_COLORS.keys(), loc="upper right", fontsize=7, ncol=6)
+    if result.cpu_timeline:
+        cpu_panel(cpu_ax, result.cpu_frame())
+        cpu_ax.set_xlabel("time since run start (s)")
+    else:
+        ax.set_xlabel("time since run start (s)")
     save_figure(fig, path)
     return path
+
+
+def cpu_panel(ax: plt.Axes, cpu: pd.DataFrame) -> None:
+    """The cores each role used, stacked, interval by interval (``cpu_timeline.csv``)."""
+    roles = [r for r in ROLE_COLORS if r in cpu] + [
+        c for c in cpu if c not in ROLE_COLORS and c not in ("start_s", "end_s", "total")
+    ]
+    edges = [*cpu["start_s"], cpu["end_s"].iloc[-1]]
+    bottom = pd.Series(0.0, index=cpu.index)
+    for role in roles:
+        top = bottom + cpu[role]
+        ax.stairs(top, edges, baseline=bottom, fill=True, color=ROLE_COLORS.get(role, "#ccc"),
+                  label=role)  # fmt: skip
+        bottom = top
+    ax.set_ylabel("cores used", fontsize=8)
+    ax.set_ylim(0, max(1.0, float(cpu["total"].max())) * 1.35)  # room for the legend
+    ax.legend(loc="upper right", fontsize=7, ncol=len(roles))
 
 
 def sweep_summary(

@@ -66,6 +66,12 @@ class LiveSection(Section):
         "live-tiny, 10-20 s more start-up, a C++ compiler needed; not with a sharded trainer",
     )
     startup_timeout_s: float = Field(300.0, gt=0, description="wait for a server's /health")
+    cpu_sample_s: float = Field(
+        0.1,
+        ge=0,
+        description="interval of the CPU timeline (cpu_timeline.csv, a counter track of "
+        "trace.json, a panel of timeline.png): the cores each role of the run used; 0: none",
+    )
     cost_model: str | None = Field(
         None,
         description="calibrated cost model (cost_model.json, or the `tandem calibrate` directory "

@@ -161,6 +161,7 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+CPU_TIMELINE_FILE = "cpu_timeline.csv"
 SAMPLE_COLUMNS = list(SampleRecord.__slots__)  # type: ignore[attr-defined]
 SPAN_COLUMNS = list(Span.__slots__)  # type: ignore[attr-defined]
 
@@ -172,6 +173,8 @@ class RunResult:
     samples: list[SampleRecord]
     spans: list[Span]
     steps: list[dict[str, Any]] = field(default_factory=list)  # per optimizer step stats
+    # live: the cores each role used, interval by interval (runtime.cpu_timeline)
+    cpu_timeline: list[dict[str, float]] = field(default_factory=list)
 
     def samples_frame(self) -> Any:
         import pandas as pd
@@ -184,6 +187,11 @@ class RunResult:
         rows = [{**asdict(s), "kind": str(s.kind)} for s in self.spans]
         frame = pd.DataFrame(rows, columns=SPAN_COLUMNS)
         return frame.astype({"iteration": "Int64", "batch_size": "Int64"})
+
+    def cpu_frame(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.cpu_timeline)
 
     @classmethod
     def load(cls, out_dir: str | Path) -> RunResult:
@@ -205,17 +213,19 @@ class RunResult:
             spans.append(Span(**{**row, "kind": SpanKind(row["kind"])}))
         steps_path = out / "steps.json"
         steps = json.loads(steps_path.read_text()) if steps_path.exists() else []
-        return cls(spec, metrics, samples, spans, steps)
+        cpu_path = out / CPU_TIMELINE_FILE
+        cpu = pd.read_csv(cpu_path).to_dict("records") if cpu_path.exists() else []
+        return cls(spec, metrics, samples, spans, steps, cpu)
 
     def trace_json(self) -> bytes:
         """The run's timeline as a Chrome / Perfetto trace (``policies.trace``)."""
         meta = {"run": self.spec.run.name, "mode": self.spec.pipeline.mode}
-        return trace_json(self.spans, self.samples, self.steps, meta)
+        return trace_json(self.spans, self.samples, self.steps, meta, self.cpu_timeline)
 
     def save(self, out_dir: str | Path, write_spec: bool = True) -> Path:
-        """Write spec.yaml, metrics.json, samples.parquet, events.parquet, steps.json and
-        trace.json (each atomically); ``write_spec=False`` leaves the directory's spec.yaml
-        as it is (a resumed live run)."""
+        """Write spec.yaml, metrics.json, samples.parquet, events.parquet, steps.json,
+        cpu_timeline.csv (live) and trace.json (each atomically); ``write_spec=False``
+        leaves the directory's spec.yaml as it is (a resumed live run)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if write_spec:
@@ -226,6 +236,8 @@ class RunResult:
         if self.steps:
             steps = with_breakdown(self.steps, self.spans)  # where each step's time went
             write_atomic(out / "steps.json", json.dumps(steps, indent=2).encode())
+        if self.cpu_timeline:
+            write_atomic(out / CPU_TIMELINE_FILE, self.cpu_frame().to_csv(index=False).encode())
         write_atomic(out / "trace.json", self.trace_json())
         return out
 

@@ -12,7 +12,9 @@ nesting (a live weight load straddling the end of a busy period) go to an extra 
 (``gen-0 · lane 1``), as the format needs events on one thread to nest. Below an instance,
 its samples (``sample 17``, from generation start to end, with prompt, group, versions
 and reward as arguments) fill as many lanes as ran at once; below the trainer, its
-optimizer steps (``step 3``). Times are microseconds from the run's start.
+optimizer steps (``step 3``). A live run adds a last process, ``host cpu``, whose counter
+``cores used`` holds the cores each role of the run used (``cpu_timeline.csv``). Times are
+microseconds from the run's start.
 """
 
 from __future__ import annotations
@@ -199,15 +201,56 @@ def trace_events(
     return events
 
 
+CPU_PROCESS = "host cpu"
+CPU_COUNTER = "cores used"
+
+
+def cpu_events(rows: Sequence[dict[str, Any]], pid: int) -> list[dict[str, Any]]:
+    """A live run's CPU timeline (``cpu_timeline.csv``) as one counter of the ``host cpu``
+    process: the cores each role used, from each interval's start (the last interval's
+    end sets every role to 0)."""
+    if not rows:
+        return []
+    roles = [k for k in rows[0] if k not in ("start_s", "end_s", "total")]
+    events = [_meta("process_name", pid, 1, CPU_PROCESS), _meta("process_sort_index", pid, 1, pid)]
+    for row in rows:
+        args = {r: row[r] for r in roles}
+        events.append(
+            {
+                "ph": "C",
+                "name": CPU_COUNTER,
+                "pid": pid,
+                "tid": 1,
+                "ts": _us(row["start_s"]),
+                "args": args,
+            }  # fmt: skip
+        )
+    events.append(
+        {
+            "ph": "C",
+            "name": CPU_COUNTER,
+            "pid": pid,
+            "tid": 1,
+            "ts": _us(rows[-1]["end_s"]),
+            "args": dict.fromkeys(roles, 0),
+        }  # fmt: skip
+    )
+    return events
+
+
 def trace_json(
     spans: Sequence[Span],
     samples: Sequence[SampleRecord] = (),
     steps: Sequence[dict[str, Any]] = (),
     metadata: dict[str, Any] | None = None,
+    cpu: Sequence[dict[str, Any]] = (),
 ) -> bytes:
-    """The ``trace.json`` document (JSON object format, compact)."""
+    """The ``trace.json`` document (JSON object format, compact); ``cpu``: a live run's CPU
+    timeline, as the last process's counter."""
+    events = trace_events(spans, samples, steps)
+    last_pid = max((e["pid"] for e in events), default=0)
     doc = {
-        "traceEvents": trace_events(spans, samples, steps),
+        "traceEvents": events + cpu_events(cpu, last_pid + 1),
         "displayTimeUnit": "ms",
         "otherData": metadata or {},
     }

@@ -58,26 +58,32 @@ def server_cpu(leader_pid: int) -> ServerCpu:
     return ServerCpu(engine, cpu_seconds(leader_pid))
 
 
-def run_cpu_by_role(trainer_pid: int | None, server_pids: list[int]) -> dict[str, float]:
-    """CPU seconds so far of this run's processes on this host, by role: ``actor`` (this
-    process), ``trainer``, ``frontend`` and ``engine`` (the servers', split as
-    :func:`server_cpu`) and ``other`` (any other process below this one). Processes that
-    are not below this one (attached servers, Ray actors) are not counted."""
+def run_pids_by_role(trainer_pid: int | None, server_pids: list[int]) -> dict[str, list[int]]:
+    """This run's processes on this host, by role: ``actor`` (this process), ``trainer``
+    (its process tree), ``frontend`` (each server's leader), ``engine`` (the processes below
+    the leaders: engine core, model worker) and ``other`` (any other process below this
+    one). Processes that are not below this one (attached servers, Ray actors) are left
+    out; so is a role with no process."""
     mine = descendants(os.getpid())
-    out = {"actor": cpu_seconds(os.getpid())}
+    out = {"actor": [os.getpid()]}
     known: set[int] = set()
     if trainer_pid is not None and trainer_pid in mine:
-        tree = [trainer_pid, *descendants(trainer_pid)]
-        out["trainer"] = sum(cpu_seconds(p) for p in tree)
-        known.update(tree)
+        out["trainer"] = [trainer_pid, *descendants(trainer_pid)]
+        known.update(out["trainer"])
     leaders = [p for p in server_pids if p in mine]
     if leaders:
-        used = [server_cpu(p) for p in leaders]
-        out["frontend"] = sum(u.frontend_s for u in used)
-        out["engine"] = sum(u.engine_s for u in used)
-        known.update(q for p in leaders for q in [p, *descendants(p)])
-    out["other"] = sum(cpu_seconds(p) for p in mine if p not in known)
+        out["frontend"] = leaders
+        out["engine"] = [q for p in leaders for q in descendants(p)]
+        known.update(leaders, out["engine"])
+    out["other"] = [p for p in mine if p not in known]
     return out
+
+
+def run_cpu_by_role(trainer_pid: int | None, server_pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of this run's processes on this host, by the roles of
+    :func:`run_pids_by_role`."""
+    roles = run_pids_by_role(trainer_pid, server_pids)
+    return {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
 
 
 def cpu_use_metrics(

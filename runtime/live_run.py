@@ -29,9 +29,10 @@ from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from runtime.actor import Actor, ActorConfig
 from runtime.cost import live_cost_model
+from runtime.cpu_timeline import CpuTimeline
 from runtime.gen_client import GenerationClient
 from runtime.history import resume_position
-from runtime.host_cpu import cpu_use_metrics, process_age_s, run_cpu_by_role
+from runtime.host_cpu import cpu_use_metrics, process_age_s, run_cpu_by_role, run_pids_by_role
 from runtime.procs import free_port
 from runtime.recorder import Recorder
 from runtime.run_dir import RunDir
@@ -153,6 +154,7 @@ async def drive(
     try:
         end_s = time_offset_s
         startup: dict[str, float] = {}
+        cpu_rows: list[dict[str, float]] = []
         if spec.run.iterations - offset > 0:
             log.info("warming the servers up")
             startup["warm_up_s"] = await warm_up_servers(clients, spec)
@@ -164,12 +166,16 @@ async def drive(
             startup["startup_s"] = process_age_s()  # the process's start to the clock's
             cpu_before = _cpu(trainer, servers)
             actor.start_clock(time_offset_s)
-            log.info("loading the trainer's weights on the servers")
-            await actor.push_now(offset)  # the servers serve the trainer's weights
-            log.info(
-                "running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode
-            )
-            end_s = await actor.run()
+            timeline = _cpu_timeline(spec, trainer, servers, actor.now)
+            try:
+                log.info("loading the trainer's weights on the servers")
+                await actor.push_now(offset)  # the servers serve the trainer's weights
+                log.info(
+                    "running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode
+                )
+                end_s = await actor.run()
+            finally:
+                cpu_rows = timeline.stop() if timeline else []
             cpu_after = _cpu(trainer, servers)
             startup.update(
                 _part_metrics(recorder, offset, time_offset_s, end_s, cpu_before, cpu_after)
@@ -178,6 +184,7 @@ async def drive(
         for c in clients.values():
             await c.aclose()
     result = _result(spec, recorder, end_s, len(ids))
+    result.cpu_timeline = cpu_rows
     lost = [f for f in run_dir.faults() if f["event"] == "lost"]
     result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
     result.metrics.update(startup)  # this part of the run (the last, if it was resumed)
@@ -199,10 +206,26 @@ def _part_metrics(
     return out
 
 
+def _leaders(servers: Servers) -> list[int]:
+    return [s.process.proc.pid for s in servers.slots.values() if s.process is not None]
+
+
 def _cpu(trainer: TrainerClient, servers: Servers) -> dict[str, float]:
     """The run's CPU seconds so far by role (its own processes on this host)."""
-    leaders = [s.process.proc.pid for s in servers.slots.values() if s.process is not None]
-    return run_cpu_by_role(trainer.pid, leaders)
+    return run_cpu_by_role(trainer.pid, _leaders(servers))
+
+
+def _cpu_timeline(
+    spec: RunSpec, trainer: TrainerClient, servers: Servers, clock: Callable[[], float]
+) -> CpuTimeline | None:
+    """The run's CPU timeline, started (None with ``live.cpu_sample_s: 0``)."""
+    if spec.live.cpu_sample_s <= 0:
+        return None
+    timeline = CpuTimeline(
+        run_pids_by_role(trainer.pid, _leaders(servers)), clock, spec.live.cpu_sample_s
+    )
+    timeline.start()
+    return timeline
 
 
 def make_actor(

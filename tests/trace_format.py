@@ -21,7 +21,7 @@ def validate_trace(doc: Any) -> dict[tuple[int, int], str]:
         for key in ("ph", "name", "pid", "tid", "ts"):
             assert key in e, f"{key} missing in {e}"
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
-        assert e["ph"] in ("X", "M"), f"unexpected phase {e['ph']!r}"
+        assert e["ph"] in ("X", "M", "C"), f"unexpected phase {e['ph']!r}"
         track = (e["pid"], e["tid"])
         if e["ph"] == "M":
             assert e["name"] in METADATA, e
@@ -30,6 +30,13 @@ def validate_trace(doc: Any) -> dict[tuple[int, int], str]:
                 names[track] = value
             elif e["name"] == "process_name":
                 processes.add(e["pid"])
+            continue
+        if e["ph"] == "C":  # a counter: numeric values, in time order, of a named process
+            assert e["pid"] in processes and e["args"], f"counter of no process: {e}"
+            assert all(isinstance(v, int | float) for v in e["args"].values()), e
+            key = (e["pid"], -1)  # counters keep their own order beside the process's tracks
+            assert e["ts"] >= last_ts.get(key, 0), f"counter goes back in time: {e}"
+            last_ts[key] = e["ts"]
             continue
         assert isinstance(e["ts"], int | float) and isinstance(e["dur"], int | float), e
         assert e["ts"] >= 0 and e["dur"] >= 0, e

@@ -61,6 +61,13 @@ def test_run_live_writes_results_with_versions(server, token, tmp_path, mode):
     assert "cpu_ms_per_sample_engine" not in metrics
     roles = sum(v for k, v in metrics.items() if k.startswith("cpu_ms_per_sample_"))
     assert metrics["cpu_ms_per_sample"] == pytest.approx(roles)
+    # the same CPU interval by interval (runtime.cpu_timeline): it adds up to the totals
+    cpu = pd.read_csv(tmp_path / "cpu_timeline.csv")
+    assert {"actor", "trainer", "total"} <= set(cpu) and "engine" not in cpu
+    cpu_s = (cpu["total"] * (cpu["end_s"] - cpu["start_s"])).sum()
+    wall_s = metrics["live_wall_s"]
+    assert cpu_s == pytest.approx(metrics["cpu_cores_used"] * wall_s, rel=0.1, abs=0.05)
+    assert cpu["start_s"].iloc[0] < 0.5 and cpu["end_s"].iloc[-1] == pytest.approx(wall_s, abs=0.5)
     # the servers were warmed before the clock; startup and the first step are reported
     assert metrics["warm_up_s"] > 0 and metrics["startup_s"] > metrics["warm_up_s"]
     assert 0 < metrics["time_to_first_step_s"] <= metrics["live_wall_s"]
