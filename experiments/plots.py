@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from policies.results import RunResult, write_atomic  # noqa: E402
+from policies.trace import cpu_roles  # noqa: E402
 
 KIND_COLORS = {
     "prefill": "#f5a623",
@@ -90,9 +91,8 @@ def timeline(result: RunResult, path: Path, max_resources: int = 48) -> Path:
 
 def cpu_panel(ax: plt.Axes, cpu: pd.DataFrame) -> None:
     """The cores each role used, stacked, interval by interval (``cpu_timeline.csv``)."""
-    roles = [r for r in ROLE_COLORS if r in cpu] + [
-        c for c in cpu if c not in ROLE_COLORS and c not in ("start_s", "end_s", "total")
-    ]
+    present = cpu_roles(cpu.columns)
+    roles = [r for r in ROLE_COLORS if r in present] + [r for r in present if r not in ROLE_COLORS]
     edges = [*cpu["start_s"], cpu["end_s"].iloc[-1]]
     bottom = pd.Series(0.0, index=cpu.index)
     for role in roles:

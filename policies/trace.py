@@ -205,37 +205,26 @@ CPU_PROCESS = "host cpu"
 CPU_COUNTER = "cores used"
 
 
+def cpu_roles(columns: Iterable[str]) -> list[str]:
+    """The role columns of a CPU timeline (``cpu_timeline.csv``): all but its times and total."""
+    return [c for c in columns if c not in ("start_s", "end_s", "total")]
+
+
 def cpu_events(rows: Sequence[dict[str, Any]], pid: int) -> list[dict[str, Any]]:
     """A live run's CPU timeline (``cpu_timeline.csv``) as one counter of the ``host cpu``
     process: the cores each role used, from each interval's start (the last interval's
     end sets every role to 0)."""
     if not rows:
         return []
-    roles = [k for k in rows[0] if k not in ("start_s", "end_s", "total")]
-    events = [_meta("process_name", pid, 1, CPU_PROCESS), _meta("process_sort_index", pid, 1, pid)]
-    for row in rows:
-        args = {r: row[r] for r in roles}
-        events.append(
-            {
-                "ph": "C",
-                "name": CPU_COUNTER,
-                "pid": pid,
-                "tid": 1,
-                "ts": _us(row["start_s"]),
-                "args": args,
-            }  # fmt: skip
-        )
-    events.append(
-        {
-            "ph": "C",
-            "name": CPU_COUNTER,
-            "pid": pid,
-            "tid": 1,
-            "ts": _us(rows[-1]["end_s"]),
-            "args": dict.fromkeys(roles, 0),
-        }  # fmt: skip
-    )
-    return events
+    roles = cpu_roles(rows[0])
+    points = [(row["start_s"], {r: row[r] for r in roles}) for row in rows]
+    points.append((rows[-1]["end_s"], dict.fromkeys(roles, 0)))
+    counter = {"ph": "C", "name": CPU_COUNTER, "pid": pid, "tid": 1}
+    return [
+        _meta("process_name", pid, 1, CPU_PROCESS),
+        _meta("process_sort_index", pid, 1, pid),
+        *({**counter, "ts": _us(t), "args": args} for t, args in points),
+    ]
 
 
 def trace_json(
