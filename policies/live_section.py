@@ -59,6 +59,12 @@ class LiveSection(Section):
         description="niceness of the trainer process: >0 lets the generation server's frontend "
         "and the actor, which run on any core, go first on the trainer's core",
     )  # fmt: skip
+    lend_idle_cores: bool = Field(
+        True,
+        description="while no request runs on any server, the trainer trains on the "
+        "generation cores too, one torch thread per core (runtime/core_loan.py); with servers "
+        "this run starts, trainer_threads unset, on the CPU",
+    )
     compile_trainer: bool = Field(
         False,
         description="run the trainer's forward and backward under torch.compile (inductor, "

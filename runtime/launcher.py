@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import multiprocessing as mp
+import os
 import secrets
 from pathlib import Path
 
@@ -29,8 +31,16 @@ from policies.protocols import LengthPredictor
 from policies.records import InflightHandling
 from policies.results import RunResult
 from policies.spec import RunSpec
+from runtime.core_loan import CoreLoan
 from runtime.errors import LiveRunError
-from runtime.live_run import AfterStep, OnStep, drive, model_dir_for, trainer_config
+from runtime.live_run import (
+    AfterStep,
+    OnStep,
+    drive,
+    live_device,
+    model_dir_for,
+    trainer_config,
+)
 from runtime.procs import (
     ServerProcess,
     server_core_sets,
@@ -90,7 +100,10 @@ def _run_processes(
     token = spec.live.token or secrets.token_hex(16)
     gen_cores, train_cores = split_cores(spec.live.num_servers, time_shared=_time_shared(spec))
     started: list[ServerProcess] = []
-    trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores, spec.live.trainer_nice)
+    trainer = TrainerProcess(
+        trainer_config(spec, model_dir), train_cores, spec.live.trainer_nice,
+        _core_loan(spec, train_cores),
+    )  # fmt: skip
     servers = Servers([], token)
     try:
         core_sets = server_core_sets(spec.live.num_servers, gen_cores, _spread_servers(spec))
@@ -115,6 +128,20 @@ def _time_shared(spec: RunSpec) -> bool:
     """Generation and training take turns (colocated modes): while one stage runs the
     other idles, so the trainer gets every core, not half."""
     return mode_of(spec).colocated
+
+
+def _core_loan(spec: RunSpec, train_cores: list[int]) -> CoreLoan | None:
+    """The generation cores for the trainer while generation idles (``runtime.core_loan``):
+    not where the stages already share every core (colocated), nor with servers this run
+    did not start (their cores are not the run's to lend), a fixed ``trainer_threads``, or a
+    trainer on a GPU."""
+    every = sorted(os.sched_getaffinity(0))
+    if (
+        not spec.live.lend_idle_cores or spec.live.server_urls or spec.live.trainer_threads
+        or live_device(spec) != "cpu" or not set(train_cores) < set(every)
+    ):  # fmt: skip
+        return None
+    return CoreLoan(train_cores, every, mp.get_context("spawn"))
 
 
 def _spread_servers(spec: RunSpec) -> bool:

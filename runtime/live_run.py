@@ -142,6 +142,7 @@ async def drive(
         offset, time_offset_s = position.next_step, position.time_s
         recorder = Recorder.resumed(position)
     recorder.on_fault = run_dir.append_fault  # faults.json is current during the run
+    recorder.on_generation_idle = trainer.generation_idle  # it may borrow the idle cores
     ids = sorted(servers.slots)
     backend = weight_backend(spec, own_gpus)
     host = spec.live.host

@@ -198,6 +198,9 @@ class RayTrainerGroup:
     async def train(self, items: list[TrainItem], now_s: float) -> float:
         return (await self._all("train", lambda r: r.train.remote(items, now_s)))[0]
 
+    def generation_idle(self, idle: bool) -> None:
+        """Nothing: the ranks hold resources of their own, none lent by the servers."""
+
     async def step(self, step: int, now_s: float) -> StepStats:
         return (await self._all("step", lambda r: r.step.remote(step, now_s)))[0]
 

@@ -78,6 +78,9 @@ class Recorder:
         self._max_batch: dict[int, int] = {}
         self.faults: list[Fault] = []
         self.on_fault: Callable[[Fault], None] | None = None  # e.g. append to faults.json
+        # called with True when the last request in flight on any server returns, with False
+        # when one is sent while none was (a trainer borrows idle cores: runtime.core_loan)
+        self.on_generation_idle: Callable[[bool], None] | None = None
         self._trained_in: dict[int, list[int]] = {}  # global step -> its sample ids
         self._spans_reported = 0  # spans already handed to a step update
         self._resumed_at_s: float | None = None  # a resumed run's clock at its checkpoint
@@ -113,6 +116,8 @@ class Recorder:
         return self._outstanding.get(instance_id, 0)
 
     def sent(self, instance_id: int, now_s: float) -> None:
+        if self.on_generation_idle is not None and not any(self._outstanding.values()):
+            self.on_generation_idle(False)
         n = self._outstanding.get(instance_id, 0) + 1
         self._outstanding[instance_id] = n
         if n == 1:
@@ -134,6 +139,8 @@ class Recorder:
                     batch,
                 )
             )
+            if self.on_generation_idle is not None and not any(self._outstanding.values()):
+                self.on_generation_idle(True)
 
     def lost(self, instance_id: int, now_s: float, iteration: int | None) -> None:
         """The instance is gone with what it was running: its busy span ends now."""

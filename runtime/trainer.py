@@ -14,6 +14,7 @@ import copy
 import io
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,7 @@ class Trainer:
         self.version = 0  # optimizer steps taken
         self.sender = WeightSender()
         self._acc = _StepAccumulator()
+        self.before_micro_batch: Callable[[], None] | None = None  # runtime.core_loan
 
     def initialise(self) -> None:
         from transformers import AutoModelForCausalLM
@@ -170,7 +172,11 @@ class Trainer:
         start = time.perf_counter()
         acc = self._acc
         acc.start_s = now_s if acc.start_s is None else acc.start_s
-        loss = sum(self._micro_batch(batch) for batch in self.micro_batches(items))
+        loss = 0.0
+        for batch in self.micro_batches(items):
+            if self.before_micro_batch is not None:
+                self.before_micro_batch()
+            loss += self._micro_batch(batch)
         acc.busy_s += time.perf_counter() - start
         return loss
 

@@ -41,6 +41,7 @@ import httpx
 
 from policies.records import StepStats
 from runtime.checkpoints import CheckpointWriter, keep_step, readable
+from runtime.core_loan import CoreLoan
 from runtime.errors import ProcessDied, describe_exit
 from runtime.fan_out import ServerAddr, answers, fan_out, join_answers
 from runtime.procs import die_with_parent
@@ -63,9 +64,13 @@ class PushResult:
 class TrainerWorker:
     """What runs in the child: the trainer plus the weight-group calls to the servers."""
 
-    def __init__(self, config: TrainerConfig, trainer: Trainer | None = None) -> None:
-        """``trainer``: one already built (a ``ShardedTrainer`` rank); else a ``Trainer``."""
+    def __init__(
+        self, config: TrainerConfig, trainer: Trainer | None = None, loan: CoreLoan | None = None
+    ) -> None:
+        """``trainer``: one already built (a ``ShardedTrainer`` rank); else a ``Trainer``.
+        ``loan``: the generation cores, to train on while no request runs."""
         self.trainer = trainer if trainer is not None else Trainer(config)
+        self.loan = loan
         self.servers: list[ServerAddr] = []
         self._gathered: list[tuple[str, Any]] | None = None  # by gather_weights, for a push
         self._pending: tuple[int, list[threading.Thread], list] | None = None  # sent, unanswered
@@ -81,6 +86,9 @@ class TrainerWorker:
         if checkpoint and readable(Path(checkpoint)) is not None:
             position = self.trainer.load_checkpoint(Path(checkpoint))
         self.trainer.warm_up()  # before the run's clock starts
+        if self.loan is not None:  # and on the lent cores' threads (compiled kernels)
+            self.loan.warm(self.trainer.warm_up)
+            self.trainer.before_micro_batch = self.loan.apply
         return position
 
     def join_group(self, servers: list[ServerAddr], host: str, port: int, backend: str) -> None:
@@ -233,14 +241,14 @@ def _serve_answers(conn, worker: TrainerWorker) -> None:
 
 def _serve_calls(
     conn, answers_conn, config: TrainerConfig, cores: list[int] | None, nice: int,
-    parent_pid: int,
+    parent_pid: int, loan: CoreLoan | None,
 ) -> None:  # fmt: skip
     die_with_parent(signal.SIGKILL, parent_pid)  # a killed launcher leaves no trainer
     if cores:
         os.sched_setaffinity(0, cores)
     if nice:
         os.nice(nice)
-    worker = TrainerWorker(config)
+    worker = TrainerWorker(config, loan=loan)
     serve(conn, answers_conn, worker)
     worker.close()  # the last checkpoint is complete before the process ends
 
@@ -267,6 +275,7 @@ class TrainerClient(Protocol):
     async def send_weights(self, version: int) -> None: ...
     async def push_answers(self) -> PushResult: ...
     async def train(self, items: list[TrainItem], now_s: float) -> float: ...
+    def generation_idle(self, idle: bool) -> None: ...
     async def step(self, step: int, now_s: float) -> StepStats: ...
     async def checkpoint(self, path: str, position: DataPosition) -> None: ...
     async def checksums(self) -> dict[str, tuple[float, float]]: ...
@@ -278,11 +287,13 @@ class TrainerProcess:
     the method's name stay inside this class)."""
 
     def __init__(
-        self, config: TrainerConfig, cores: list[int] | None = None, nice: int = 0
-    ) -> None:
+        self, config: TrainerConfig, cores: list[int] | None = None, nice: int = 0,
+        loan: CoreLoan | None = None,
+    ) -> None:  # fmt: skip
         self.config = config
         self.cores = cores
         self.nice = nice
+        self.loan = loan
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
         self._answers_conn = None  # push answers, read while a call runs on the main pipe
@@ -295,7 +306,7 @@ class TrainerProcess:
         answers_parent, answers_child = ctx.Pipe()
         self._proc = ctx.Process(
             target=_serve_calls,
-            args=(child, answers_child, self.config, self.cores, self.nice, os.getpid()),
+            args=(child, answers_child, self.config, self.cores, self.nice, os.getpid(), self.loan),
             daemon=True,
         )
         self._proc.start()
@@ -331,6 +342,12 @@ class TrainerProcess:
     async def train(self, items: list[TrainItem], now_s: float) -> float:
         """Forward and backward over ``items`` into the current step; the loss."""
         return await self._call("train", items, now_s)
+
+    def generation_idle(self, idle: bool) -> None:
+        """Whether any request runs on a server: while none does, the child trains on the
+        generation cores too (``runtime.core_loan``), if it was lent them."""
+        if self.loan is not None:
+            self.loan.generation_idle(idle)
 
     async def step(self, step: int, now_s: float) -> StepStats:
         return await self._call("step", step, now_s)
