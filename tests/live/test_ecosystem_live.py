@@ -63,14 +63,16 @@ def test_a_live_run_logs_every_step_run_log_and_trace(tracked_run):
         assert tags["lag/mean"][k] == pytest.approx(s["mean_lag"])
         assert tags["throughput/samples"][k] == 8
         assert tags["time/generation_s"][k] > 0 and tags["time/train_s"][k] > 0
-        # each window's share, as the finished run's events.parquet gives it afterwards
+        # each window's share, as the finished run's events.parquet gives it afterwards; the
+        # window's ends are read back from float32 tags (~2e-7 s off at a few seconds), so
+        # a share of a 0.1 s window may be off by ~5e-6
         lo = tags["time/run_s"][k - 1] if k else 0.0
         hi = tags["time/run_s"][k]
         for resource, kinds in (("gen-0", {"decode"}), ("trainer", {"train"})):
             busy = _busy_s(result.spans, resource, kinds, lo, hi)
-            assert tags[f"utilization/{resource}"][k] == pytest.approx(busy / (hi - lo))
+            assert tags[f"utilization/{resource}"][k] == pytest.approx(busy / (hi - lo), abs=2e-5)
         pause = _busy_s(result.spans, "gen-0", {"weight_sync"}, lo, hi)
-        assert tags["time/pause_s"][k] == pytest.approx(pause, rel=1e-6)  # float32 in the file
+        assert tags["time/pause_s"][k] == pytest.approx(pause, abs=2e-6)
         assert k in tags["staleness/max"]
     assert sum(tags["utilization/gen-0"].values()) > 0
     assert "kl" not in tags  # no reference model: kl_coef 0
