@@ -59,6 +59,12 @@ class LiveSection(Section):
         description="niceness of the trainer process: >0 lets the generation server's frontend "
         "and the actor, which run on any core, go first on the trainer's core",
     )  # fmt: skip
+    engine_nice: int = count(
+        0, ge=0, le=19,
+        description="niceness of the vLLM engine processes of the servers this run starts (not "
+        "their HTTP frontends): >0 lets the trainer go first on a core it shares with an "
+        "engine, as in the one-step async modes, where the next batch decodes beside the step",
+    )  # fmt: skip
     lend_idle_cores: bool = Field(
         True,
         description="while no request runs on any server, the trainer trains on the "

@@ -170,7 +170,7 @@ def _start_server(spec, model_dir, token, core_sets, out_dir, i: int) -> ServerP
     return start_server(
         i, model_dir, live.host, live.base_port + i, token, cores, live.kv_cache_gib,
         live.max_model_len, spec.cluster.generation[0].max_num_seqs, out_dir / "logs",
-        api_key=live.api_key,
+        api_key=live.api_key, engine_nice=live.engine_nice,
     )  # fmt: skip
 
 

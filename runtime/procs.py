@@ -28,6 +28,7 @@ from runtime.lifetime import die_with_parent, reap_forks_with_parent
 __all__ = ["die_with_parent", "reap_forks_with_parent"]  # their home: runtime.lifetime
 
 ENGINE_CORES_ENV = "TANDEM_ENGINE_CORES"  # cores the server pins its engine processes to
+ENGINE_NICE_ENV = "TANDEM_ENGINE_NICE"  # niceness the server gives its engine processes
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class ServerProcess:
 def start_server(
     instance_id: int, model_dir: str, host: str, port: int, token: str, cores: list[int],
     kv_cache_gib: float, max_model_len: int, max_num_seqs: int, log_dir: Path,
-    api_key: str | None = None,
+    api_key: str | None = None, engine_nice: int = 0,
 ) -> ServerProcess:  # fmt: skip
     """``python -m runtime.server`` with its engine pinned to ``cores``, in its own process
     group (``stop_server`` signals the whole group; Ctrl-C at a terminal does not reach it)
@@ -99,7 +100,8 @@ def start_server(
     to ``VLLM_CPU_OMP_THREADS_BIND``) are pinned; the HTTP frontend stays free to run on
     any core. Pinned to the engine's core, the frontend's per-sample work queued behind
     decode steps: with the tiny model the actor reached ~0.8 of vLLM's own tokens/s,
-    unpinned ~0.95 (``tandem bench live``)."""
+    unpinned ~0.95 (``tandem bench live``). ``engine_nice``: the engine's processes run at
+    that niceness once started, the frontend at this process's."""
     if port_in_use(host, port):  # else /health could answer from whoever holds the port
         raise ValueError(
             f"generation server {instance_id}: {host}:{port} is already in use (another "
@@ -112,6 +114,7 @@ def start_server(
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),  # whole GiB
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
         ENGINE_CORES_ENV: ",".join(map(str, cores)),
+        ENGINE_NICE_ENV: str(engine_nice),
         "TANDEM_API_KEY": api_key or "",
     }
     cmd = [

@@ -61,6 +61,7 @@ class ServerSettings:
     startup_timeout_s: float
     api_key: str | None = None
     cores_per_server: int = 1  # engine cores pinned on a CPU node (the pool's tp)
+    engine_nice: int = 0  # the engines' niceness (live.engine_nice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class ServerActor:
         self._server = start_server(
             self.instance_id, s.model_dir, host, free_port(host), s.token, self._cores(),
             s.kv_cache_gib, s.max_model_len, s.max_num_seqs, Path(s.log_dir), api_key=s.api_key,
+            engine_nice=s.engine_nice,
         )  # fmt: skip
         wait_healthy(self._server, s.startup_timeout_s)
         placed = Placed(self._server.proc.pid, node_id(), host)

@@ -28,6 +28,7 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -38,7 +39,8 @@ from runtime.batch_gen import BatchBody, BatchGenerator
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
 from runtime.direct_load import DIRECT_ENV
 from runtime.guard import Guard, GuardPolicy
-from runtime.procs import ENGINE_CORES_ENV, die_with_parent, reap_forks_with_parent
+from runtime.host_cpu import descendants
+from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
 from runtime.vllm_plugin import SPIN_ENV
 from runtime.weight_sync import BucketDigest, ParamMeta
 
@@ -243,6 +245,24 @@ def restrict_for_engine_start(cores: str | None) -> set[int]:
     return before
 
 
+def renice_engine(nice: int) -> int:
+    """Give every thread of this process's descendants (the engine core and any model
+    worker) niceness ``nice``, leaving this process (the HTTP frontend) as it is; returns
+    how many threads. Linux keeps a niceness per thread, and threads started later inherit
+    their starter's, so the engine's later threads (weight receivers) get it too."""
+    threads = 0
+    if not nice:
+        return threads
+    for pid in descendants(os.getpid()):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+            except (ProcessLookupError, FileNotFoundError):
+                continue  # a thread that ended meanwhile
+            threads += 1
+    return threads
+
+
 async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
@@ -253,6 +273,7 @@ async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
     frontend_cores = restrict_for_engine_start(os.environ.get(ENGINE_CORES_ENV))
     async with build_async_engine_client(args) as engine:
         os.sched_setaffinity(0, frontend_cores)
+        renice_engine(int(os.environ.get(ENGINE_NICE_ENV) or 0))
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         served_dtype = str(engine.model_config.dtype).removeprefix("torch.")
