@@ -59,11 +59,12 @@ class LiveSection(Section):
         description="niceness of the trainer process: >0 lets the generation server's frontend "
         "and the actor, which run on any core, go first on the trainer's core",
     )  # fmt: skip
-    engine_nice: int = count(
-        0, ge=0, le=19,
+    engine_nice: int | None = count(
+        None, ge=0, le=19,
         description="niceness of the vLLM engine processes of the servers this run starts (not "
-        "their HTTP frontends): >0 lets the trainer go first on a core it shares with an "
-        "engine, as in the one-step async modes, where the next batch decodes beside the step",
+        "their HTTP frontends or the trainer, which then go first on a core they share); "
+        "None: 8 where each server has a core of its own on a CPU host (every mode but "
+        "pipeline), else 0 (docs/live-throughput.md)",
     )  # fmt: skip
     lend_idle_cores: bool = Field(
         True,

@@ -55,6 +55,7 @@ from runtime.supervisor import Servers, ServerSlot
 from runtime.trainer_proc import TrainerProcess
 
 log = logging.getLogger(__name__)
+SPREAD_ENGINE_NICE = 8  # engine niceness where each server has a core (engine_nice)
 
 
 def _check_supported(spec: RunSpec) -> None:
@@ -151,6 +152,17 @@ def _spread_servers(spec: RunSpec) -> bool:
     return not mode_of(spec).continuous
 
 
+def engine_nice(spec: RunSpec) -> int:
+    """``live.engine_nice``, or where unset: ``SPREAD_ENGINE_NICE`` for servers spread a
+    core each on a CPU host, 0 where they share the generation cores (``pipeline``) or
+    drive a GPU. Spread over two cores, ``disagg-sync`` and ``stream-async`` ran ~17 %
+    faster with it in alternated runs, and their engines used ~20 % less CPU a sample;
+    ``pipeline`` ran ~7 % slower (docs/live-throughput.md, fourteenth session)."""
+    if spec.live.engine_nice is not None:
+        return spec.live.engine_nice
+    return SPREAD_ENGINE_NICE if _spread_servers(spec) and live_device(spec) == "cpu" else 0
+
+
 def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
     """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
     live = spec.live
@@ -170,7 +182,7 @@ def _start_server(spec, model_dir, token, core_sets, out_dir, i: int) -> ServerP
     return start_server(
         i, model_dir, live.host, live.base_port + i, token, cores, live.kv_cache_gib,
         live.max_model_len, spec.cluster.generation[0].max_num_seqs, out_dir / "logs",
-        api_key=live.api_key, engine_nice=live.engine_nice,
+        api_key=live.api_key, engine_nice=engine_nice(spec),
     )  # fmt: skip
 
 

@@ -177,5 +177,5 @@ def _settings(
         model_dir=model_dir, token=token, kv_cache_gib=live.kv_cache_gib,
         max_model_len=live.max_model_len, max_num_seqs=limits.max_num_seqs,
         log_dir=str(run_dir.path / "logs"), startup_timeout_s=live.startup_timeout_s,
-        api_key=live.api_key, cores_per_server=max(1, int(cpus)), engine_nice=live.engine_nice,
+        api_key=live.api_key, cores_per_server=max(1, int(cpus)), engine_nice=live.engine_nice or 0,
     )  # fmt: skip

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from policies.spec import load_spec
+from runtime.launcher import engine_nice
 from runtime.server import renice_engine
 
 # an "engine": a process with a second thread, both sleeping until killed
@@ -47,9 +48,13 @@ def test_every_thread_below_this_process_gets_the_niceness_and_this_process_keep
         child.wait(timeout=10)
 
 
-def test_the_key_is_checked_and_the_long_tail_config_sets_it():
-    spec = load_spec("experiments/configs/live-longtail.yaml")
-    assert spec.live.engine_nice == 8
-    assert load_spec(None).live.engine_nice == 0
+def test_unset_the_engines_yield_where_each_server_has_a_core_of_its_own():
+    longtail = "experiments/configs/live-longtail.yaml"
+    for mode, nice in (("stream-async", 8), ("disagg-sync", 8), ("pipeline", 0)):
+        spec = load_spec(longtail, [f"pipeline.mode={mode}", "live.device=cpu"])
+        assert spec.live.engine_nice is None
+        assert engine_nice(spec) == nice, mode
+    assert engine_nice(load_spec(longtail, ["live.engine_nice=3"])) == 3
+    assert engine_nice(load_spec(longtail, ["live.engine_nice=0"])) == 0
     with pytest.raises(ValueError, match="engine_nice"):
         load_spec(None, ["live.engine_nice=-1"])
