@@ -124,7 +124,10 @@ def start_server(
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{instance_id}.log"
     launcher_pid = os.getpid()
-    logger.info("starting vLLM server %d on %s:%d (log %s)", instance_id, host, port, log_path)
+    logger.info(
+        "starting vLLM server %d on %s:%d, engine niceness %d (log %s)",
+        instance_id, host, port, engine_nice, log_path,
+    )  # fmt: skip
 
     def setup() -> None:
         die_with_parent(signal.SIGKILL, launcher_pid)
