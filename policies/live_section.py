@@ -72,6 +72,19 @@ class LiveSection(Section):
         "generation cores too, one torch thread per core (runtime/core_loan.py); with servers "
         "this run starts, trainer_threads unset, on the CPU",
     )
+    skip_zero_advantage: bool = Field(
+        True,
+        description="the trainer leaves out of its forward and backward the samples whose "
+        "advantage is exactly 0 (every sample of their group got the same reward): with "
+        "algorithm.kl_coef 0 they add nothing to the gradient, so the update is unchanged; they "
+        "still count in the step's samples, reward and lag (steps.json: num_skipped)",
+    )
+    share_prompts: bool = Field(
+        True,
+        description="the trainer packs the samples of one prompt with a single copy of it, "
+        "each answer attending to that copy (runtime/packing.py): the same log-probs from "
+        "fewer tokens, ~half as many on live-longtail",
+    )
     compile_trainer: bool = Field(
         False,
         description="run the trainer's forward and backward under torch.compile (inductor, "

@@ -120,6 +120,7 @@ class StepStats:
     busy_s: float | None = None  # trainer compute time of the step (no waits); None: unknown
     kl: float | None = None  # mean KL to the reference model (kl_coef > 0); None: unknown
     clip_fraction: float | None = None  # share of tokens whose importance weight was clipped
+    num_skipped: int = 0  # samples not forwarded: advantage exactly 0 (live.skip_zero_advantage)
 
 
 @dataclass(slots=True)

@@ -43,7 +43,8 @@ class GroupBook:
 
     def _item(self, c: Completion) -> TrainItem:
         rewards = self._rewards[c.request.group_id]
-        mean = sum(rewards.values()) / len(rewards)
+        flat = len(set(rewards.values())) == 1  # advantage exactly 0, not a rounding of it
+        mean = (c.reward or 0.0) if flat else sum(rewards.values()) / len(rewards)
         return TrainItem(
             sample_id=c.sample_id,
             prompt_ids=self.prompt_ids[c.sample_id],

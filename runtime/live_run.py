@@ -122,7 +122,8 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
         seed=spec.run.seed, num_threads=spec.live.trainer_threads or 0,
         micro_batch_samples=spec.live.micro_batch_samples,
         keep_checkpoints=spec.live.keep_checkpoints, device=live_device(spec),
-        compile=spec.live.compile_trainer,
+        compile=spec.live.compile_trainer, skip_zero_advantage=spec.live.skip_zero_advantage,
+        share_prompts=spec.live.share_prompts,
     )  # fmt: skip
 
 

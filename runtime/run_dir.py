@@ -26,6 +26,7 @@ OPERATIONAL_KEYS = (
     "live.server_urls", "live.num_servers", "live.restart_servers", "live.startup_timeout_s",
     "live.trainer_threads", "live.trainer_nice", "live.engine_nice", "live.kv_cache_gib",
     "live.checkpoint_every", "live.device", "live.cost_model", "live.warm_up_tokens",
+    "live.skip_zero_advantage", "live.share_prompts",
 )  # fmt: skip
 
 

@@ -82,6 +82,7 @@ class StepShare:
     weight_sum: float
     weight_sq_sum: float
     num_clipped: int
+    num_skipped: int
     busy_s: float  # the step's is the slowest rank's
 
     @classmethod
@@ -90,7 +91,7 @@ class StepShare:
         return cls(
             acc.num_samples, acc.num_tokens, acc.loss, sum(acc.rewards), sum(acc.lags),
             acc.kl_sum, w.numel(), float(w.sum()), float((w * w).sum()),
-            int(clipped_mask(w, algorithm, eps).sum()), busy_s,
+            int(clipped_mask(w, algorithm, eps).sum()), acc.num_skipped, busy_s,
         )  # fmt: skip
 
     @classmethod
@@ -172,7 +173,7 @@ class ShardedTrainer(Trainer):
         start = time.perf_counter()
         acc = self._acc
         acc.start_s = now_s if acc.start_s is None else acc.start_s
-        batches = self.micro_batches(items)
+        batches = self.micro_batches(self.trainable(items))
         mine = batches[self.rank :: self.world_size]
         num_passes = -(-len(batches) // self.world_size)
         loss = sum(self._micro_batch(b) for b in mine)
@@ -184,8 +185,9 @@ class ShardedTrainer(Trainer):
     def _idle_pass(self, item: TrainItem) -> None:
         """A forward and backward that adds nothing, so this rank joins the collectives
         of a pass the others run."""
-        logp, _ = token_logprobs(self.model, [item])
+        logp, _ = token_logprobs(self.model, [item], self.config.share_prompts)
         (logp.sum() * 0.0).backward()
+        self._acc.passes += 1
 
     def _sum_over_ranks(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self._device())
@@ -217,6 +219,7 @@ class ShardedTrainer(Trainer):
             busy_s=t.busy_s,
             kl=per_sample(t.kl_sum) if self.ref_model is not None else None,
             clip_fraction=t.num_clipped / t.num_weights if t.num_weights else None,
+            num_skipped=t.num_skipped,
         )
 
     # -- weights -----------------------------------------------------------------------

@@ -24,6 +24,7 @@ import torch
 from policies.records import StepStats
 from policies.results import write_atomic
 from runtime.loss import clip_fraction, effective_sample_size, rl_loss
+from runtime.packing import packed_logprobs
 from runtime.weight_sync import WeightSender, params_meta
 
 
@@ -42,6 +43,8 @@ class TrainerConfig:
     keep_checkpoints: int = 0  # per-step checkpoints kept beside last.pt (runtime.checkpoints)
     device: str = "cpu"  # cpu or cuda (the model and its step run there)
     compile: bool = False  # forward and backward under torch.compile, compiled in warm_up
+    skip_zero_advantage: bool = True  # no forward/backward for samples that add no gradient
+    share_prompts: bool = True  # a group's samples share one copy of their prompt (packing)
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,6 +69,8 @@ class _StepAccumulator:
     lags: list[int] = field(default_factory=list)
     weights: list[torch.Tensor] = field(default_factory=list)
     kl_sum: float = 0.0  # reference KL of each micro-batch, weighted by its samples
+    num_skipped: int = 0  # samples not forwarded: advantage 0 (Trainer.trainable)
+    passes: int = 0  # forward/backward passes run (a step without one gets zero gradients)
     busy_s: float = 0.0
     start_s: float | None = None
 
@@ -78,32 +83,19 @@ def _pad(rows: list[list[float]], value: float, dtype: torch.dtype) -> torch.Ten
     return out
 
 
-def token_logprobs(model, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model, items: list[TrainItem], share_prompts: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each output token given its prefix ([batch, max_out]) and the mask.
 
-    The sequences go through the model packed end to end in one row, each with positions
-    from 0 (transformers then masks attention to stay inside each sequence): no padding,
-    where padding a micro-batch to its longest sequence had the trainer compute ~2x the
-    real tokens on the long-tailed answers (docs/live-throughput.md)."""
-    device = next(model.parameters()).device  # the model's (a sharded trainer's: this rank's)
-    seqs = [list(it.prompt_ids) + list(it.output_ids) for it in items]
-    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=device)
-    positions = torch.cat([torch.arange(len(s)) for s in seqs]).to(device)
-    # use_cache=False: with a cache transformers would not read the packing from positions
-    logits = model(input_ids=flat[None], position_ids=positions[None], use_cache=False).logits[0]
-    width = max(len(it.output_ids) for it in items)
-    where = torch.zeros(len(items), width, dtype=torch.long)  # the position predicting each
-    mask = torch.zeros(len(items), width)
-    start = 0
-    for i, (it, seq) in enumerate(zip(items, seqs)):
-        p, n = len(it.prompt_ids), len(it.output_ids)
-        where[i, :n] = torch.arange(start + p - 1, start + p - 1 + n)
-        mask[i, :n] = 1.0
-        start += len(seq)
-    where, mask = where.to(device), mask.to(device)
-    targets = flat[(where + 1).clamp(max=flat.numel() - 1)]
-    logp = torch.log_softmax(logits[where].float(), dim=-1).gather(-1, targets[..., None])[..., 0]
-    return logp * mask, mask
+    The sequences go through the model packed end to end in one row
+    (:func:`runtime.packing.pack`): no padding, where padding a micro-batch to its longest
+    sequence had the trainer compute ~2x the real tokens on the long-tailed answers
+    (docs/live-throughput.md); with ``share_prompts`` a group's samples share one copy of
+    their prompt."""
+    return packed_logprobs(
+        model, [it.prompt_ids for it in items], [it.output_ids for it in items], share_prompts
+    )
 
 
 def _dummy_item(length: int) -> TrainItem:
@@ -155,7 +147,9 @@ class Trainer:
             if self.config.compile:
                 for length in (num_tokens // 4, num_tokens // 2):
                     items = [_dummy_item(length) for _ in range(num_samples)]
-                    token_logprobs(self.forward, items)[0].sum().backward()
+                    token_logprobs(self.forward, items, self.config.share_prompts)[
+                        0
+                    ].sum().backward()
             else:
                 ids = torch.ones(num_samples, num_tokens, dtype=torch.long, device=device)
                 self.model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
@@ -173,21 +167,43 @@ class Trainer:
         acc = self._acc
         acc.start_s = now_s if acc.start_s is None else acc.start_s
         loss = 0.0
-        for batch in self.micro_batches(items):
+        for batch in self.micro_batches(self.trainable(items)):
             if self.before_micro_batch is not None:
                 self.before_micro_batch()
             loss += self._micro_batch(batch)
         acc.busy_s += time.perf_counter() - start
         return loss
 
+    def trainable(self, items: list[TrainItem]) -> list[TrainItem]:
+        """``items`` less those whose advantage is exactly 0 (every sample of the group got
+        the same reward): without a reference KL their loss is 0 whatever the weights, so
+        leaving them out of the forward and backward leaves the gradient as it was. They
+        still count in the step's samples, tokens, reward and lag (on rank 0 only, as the
+        ranks' shares are summed); the importance-weight statistics cover the rest."""
+        if not self.config.skip_zero_advantage or self.config.kl_coef > 0:
+            return items
+        flat = [it for it in items if it.advantage == 0.0]
+        if flat and self.rank == 0:
+            acc = self._acc
+            acc.num_skipped += len(flat)
+            acc.num_samples += len(flat)
+            acc.num_tokens += sum(len(it.prompt_ids) + len(it.output_ids) for it in flat)
+            acc.rewards += [it.reward for it in flat]
+            acc.lags += [self.version - it.version_start for it in flat]
+        return [it for it in items if it.advantage != 0.0]
+
     def micro_batches(self, items: list[TrainItem]) -> list[list[TrainItem]]:
-        """``items`` by length, cut into micro-batches of ``micro_batch_samples``."""
-        ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.output_ids))
+        """``items`` by length (with ``share_prompts``: by prompt, so that a group's samples
+        fall together), cut into micro-batches of ``micro_batch_samples``."""
+        if self.config.share_prompts:
+            ordered = sorted(items, key=lambda it: (len(it.prompt_ids), it.prompt_ids))
+        else:
+            ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.output_ids))
         size = self.config.micro_batch_samples
         return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
     def _micro_batch(self, items: list[TrainItem]) -> float:
-        logp, mask = token_logprobs(self.forward, items)
+        logp, mask = token_logprobs(self.forward, items, self.config.share_prompts)
         out = rl_loss(
             logp,
             _pad([list(it.logprobs_old) for it in items], 0.0, torch.float32).to(logp.device),
@@ -200,6 +216,7 @@ class Trainer:
             self.config.kl_coef,
         )
         out.loss.backward()
+        self._acc.passes += 1
         self._note(items, mask, out.loss, out.weights)
         self._acc.kl_sum += out.kl * len(items)
         return float(out.loss.detach())
@@ -208,7 +225,7 @@ class Trainer:
         if self.ref_model is None:
             return None
         with torch.no_grad():
-            return token_logprobs(self.ref_model, items)[0]
+            return token_logprobs(self.ref_model, items, self.config.share_prompts)[0]
 
     def _note(self, items: list[TrainItem], mask, loss, weights) -> None:
         acc = self._acc
@@ -223,6 +240,10 @@ class Trainer:
         """Clip, apply and clear the accumulated gradient (the version becomes ``step + 1``);
         the step's accumulator and its busy seconds."""
         start = time.perf_counter()
+        if not self._acc.passes:  # every sample skipped: the zero gradient they would give
+            for p in self.model.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -248,6 +269,7 @@ class Trainer:
             busy_s=busy_s,
             kl=self._mean_kl(acc),
             clip_fraction=clip_fraction(weights, self.config.algorithm, self.config.clip_epsilon),
+            num_skipped=acc.num_skipped,
         )
 
     def _mean_kl(self, acc: _StepAccumulator) -> float | None:

@@ -43,9 +43,9 @@ def test_one_call_in_micro_batches_accumulates_the_gradient_of_the_whole_batch(m
     split, loss_split = _grads(model_dir, 3, [items])
     streamed, _ = _grads(model_dir, 16, [items[:5], items[5:11], items[11:]])
     assert loss_split == pytest.approx(loss_whole, rel=1e-4)
-    for name, g in whole.items():
-        assert torch.allclose(split[name], g, rtol=1e-4, atol=1e-6), name
-        assert torch.allclose(streamed[name], g, rtol=1e-4, atol=1e-6), name
+    for name, g in whole.items():  # float32 sums in another order: ~5e-6 on the embeddings
+        assert torch.allclose(split[name], g, rtol=1e-4, atol=1e-5), name
+        assert torch.allclose(streamed[name], g, rtol=1e-4, atol=1e-5), name
     assert any(g.abs().sum() > 0 for g in whole.values())
 
 
