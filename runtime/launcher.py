@@ -146,21 +146,27 @@ def _core_loan(spec: RunSpec, train_cores: list[int]) -> CoreLoan | None:
 
 
 def _spread_servers(spec: RunSpec) -> bool:
-    """Wave modes (every mode but the continuous ``pipeline``) give each server a core
-    of its own: a batch waits for its slowest answers. In ``pipeline`` the trainer is
-    the bottleneck and keeps its core to itself."""
-    return not mode_of(spec).continuous
+    """Several servers get a core each, round robin over every core (the trainer shares
+    one): a wave mode's batch waits for its slowest answers, and two engines sharing one
+    core decoded those at half speed. ``pipeline`` kept its servers on the generation
+    core while its trainer was the bottleneck; since the trainer skips zero-advantage
+    samples and shares prompts (``live.skip_zero_advantage``, ``live.share_prompts``) it
+    too ran faster spread, 9-26 % in three alternated pairs (docs/live-throughput.md,
+    fifteenth session)."""
+    return spec.live.num_servers >= 2
 
 
 def engine_nice(spec: RunSpec) -> int:
-    """``live.engine_nice``, or where unset: ``SPREAD_ENGINE_NICE`` for servers spread a
-    core each on a CPU host, 0 where they share the generation cores (``pipeline``) or
-    drive a GPU. Spread over two cores, ``disagg-sync`` and ``stream-async`` ran ~17 %
-    faster with it in alternated runs, and their engines used ~20 % less CPU a sample;
-    ``pipeline`` ran ~7 % slower (docs/live-throughput.md, fourteenth session)."""
+    """``live.engine_nice``, or where unset: ``SPREAD_ENGINE_NICE`` on a CPU host, but 0
+    for a single ``pipeline`` server (two sharing a core ran ~7 % slower niced) and on a
+    GPU. Spread over two cores, ``disagg-sync`` and ``stream-async`` ran ~17 % faster
+    with it in alternated runs, and their engines used ~20 % less CPU a sample
+    (docs/live-throughput.md, fourteenth session)."""
     if spec.live.engine_nice is not None:
         return spec.live.engine_nice
-    return SPREAD_ENGINE_NICE if _spread_servers(spec) and live_device(spec) == "cpu" else 0
+    if live_device(spec) != "cpu":
+        return 0
+    return SPREAD_ENGINE_NICE if _spread_servers(spec) or not mode_of(spec).continuous else 0
 
 
 def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:

@@ -28,16 +28,17 @@ def test_only_colocated_modes_time_share_the_cores():
         assert not launcher._time_shared(load_spec(live, [f"pipeline.mode={mode}"])), mode
 
 
-def test_wave_modes_give_each_server_a_core_of_its_own(monkeypatch):
+def test_several_servers_get_a_core_each_in_every_mode(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert server_core_sets(2, [0], spread=True) == [[0], [1]]
     assert server_core_sets(3, [0], spread=True) == [[0], [1], [0]]
     assert server_core_sets(2, [0], spread=False) == [[0], [0]]
     assert server_core_sets(1, [0], spread=True) == [[0]]  # one server: the generation cores
     longtail = config_path("live-longtail")
-    for mode in ("disagg-sync", "stream-async", "colocated-sync"):
+    for mode in ("disagg-sync", "stream-async", "colocated-sync", "pipeline"):
         assert launcher._spread_servers(load_spec(longtail, [f"pipeline.mode={mode}"])), mode
-    assert not launcher._spread_servers(load_spec(longtail, ["pipeline.mode=pipeline"]))
+    one = ["pipeline.mode=pipeline", "live.num_servers=1"]
+    assert not launcher._spread_servers(load_spec(longtail, one))
 
 
 def test_the_trainer_takes_one_thread_per_core_it_may_run_on_unless_told(tmp_path):

@@ -50,10 +50,14 @@ def test_every_thread_below_this_process_gets_the_niceness_and_this_process_keep
 
 def test_unset_the_engines_yield_where_each_server_has_a_core_of_its_own():
     longtail = "experiments/configs/live-longtail.yaml"
-    for mode, nice in (("stream-async", 8), ("disagg-sync", 8), ("pipeline", 0)):
-        spec = load_spec(longtail, [f"pipeline.mode={mode}", "live.device=cpu"])
+    cases = [("stream-async", 2, 8), ("disagg-sync", 2, 8), ("pipeline", 2, 8)]
+    cases += [("stream-async", 1, 8), ("pipeline", 1, 0)]  # one pipeline server: not niced
+    for mode, servers, nice in cases:
+        spec = load_spec(
+            longtail, [f"pipeline.mode={mode}", f"live.num_servers={servers}", "live.device=cpu"]
+        )
         assert spec.live.engine_nice is None
-        assert engine_nice(spec) == nice, mode
+        assert engine_nice(spec) == nice, (mode, servers)
     assert engine_nice(load_spec(longtail, ["live.engine_nice=3"])) == 3
     assert engine_nice(load_spec(longtail, ["live.engine_nice=0"])) == 0
     with pytest.raises(ValueError, match="engine_nice"):
