@@ -147,9 +147,8 @@ class Trainer:
             if self.config.compile:
                 for length in (num_tokens // 4, num_tokens // 2):
                     items = [_dummy_item(length) for _ in range(num_samples)]
-                    token_logprobs(self.forward, items, self.config.share_prompts)[
-                        0
-                    ].sum().backward()
+                    logp, _ = token_logprobs(self.forward, items, self.config.share_prompts)
+                    logp.sum().backward()
             else:
                 ids = torch.ones(num_samples, num_tokens, dtype=torch.long, device=device)
                 self.model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
