@@ -250,9 +250,9 @@ def renice_engine(nice: int) -> int:
     worker) niceness ``nice``, leaving this process (the HTTP frontend) as it is; returns
     how many threads. Linux keeps a niceness per thread, and threads started later inherit
     their starter's, so the engine's later threads (weight receivers) get it too."""
-    threads = 0
     if not nice:
-        return threads
+        return 0
+    threads = 0
     for pid in descendants(os.getpid()):
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
