@@ -62,6 +62,11 @@ def run_log(out_dir: str | Path, level: int = logging.INFO) -> Iterator[Path]:
         root.addHandler(h)
     try:
         yield path
+    except BaseException as err:
+        # the file keeps why the run stopped: the console's error line may be long gone
+        why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        logging.getLogger(__name__).error("the run stopped: %s", " ".join(why.split()))
+        raise
     finally:
         for h in added:
             root.removeHandler(h)

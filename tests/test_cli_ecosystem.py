@@ -19,6 +19,7 @@ from experiments import cli
 from experiments.cli import build_parser, main
 from experiments.progress import RunProgress
 from experiments.spec_keys import spec_keys
+from policies.logs import run_log
 from policies.records import SampleRecord, StepStats
 from policies.spec import RunSpec, load_spec
 from policies.tracking import StepUpdate
@@ -181,3 +182,15 @@ def test_library_code_logs_and_never_prints():
                 continue
             found += [f"{path.relative_to(REPO)}:{line}" for line in _prints_outside_main(path)]
     assert not found, "bare prints: " + ", ".join(found)
+
+
+def test_run_log_keeps_why_a_run_stopped(tmp_path):
+    with pytest.raises(RuntimeError), run_log(tmp_path):
+        logging.getLogger("runtime.launcher").info("step 3 done")
+        raise RuntimeError("generation server 1 died\n  (exit code 9)")
+    lines = (tmp_path / "run.log").read_text().splitlines()
+    assert "step 3 done" in lines[0]
+    assert lines[1].endswith(
+        "the run stopped: RuntimeError: generation server 1 died (exit code 9)"
+    )
+    assert "ERROR" in lines[1]
