@@ -10,8 +10,9 @@ Every candidate carries an optimistic value ``U``: its full-run value once known
 its short value times ``rho[mode]``, the largest full/short ratio seen in its mode (the
 best short run of a mode with no such pair yet goes on to a full run first); else its estimate times ``rho`` and a learned factor.
 The factor comes from ``log(short / estimate) = s[structure] + b[policy]`` fitted to the
-short runs so far: ``b`` is what a policy choice costs relative to the best one, ``s``
-how close a structure comes to its estimate. An unrun candidate gets its policy's ``b``
+short runs so far: ``b`` is what a policy choice costs relative to the best one (among
+policies the runs connect through shared structures; counted only beyond ``POLICY_Z``
+standard errors), ``s`` how close a structure comes to its estimate. An unrun candidate gets its policy's ``b``
 and ``max(0, highest s seen in its mode)`` plus the model's largest residual: the
 estimate is treated as an upper bound (it ignores dispatch skew, prefill and weight
 pushes), raised where a run ever beat it. A mode or policy with no short run yet has
@@ -35,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 from experiments.advise_eval import Evaluation, short_iterations
 from experiments.advise_space import Candidate
@@ -42,6 +45,7 @@ from experiments.advise_space import Candidate
 PRIOR_RHO = 1.1  # full / short before any pair is seen
 RHO_MARGIN = 1.005
 MIN_LOG_MARGIN = math.log(1.02)
+POLICY_Z = 2.0  # standard errors a policy's fitted cost must clear before it prunes
 BACKFIT_SWEEPS = 200
 GRACE_S = 10.0  # past the deadline, for runs started before it
 
@@ -168,9 +172,10 @@ class SearchState:
 
     def _fit(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``log(short / estimate) = s[structure] + b[policy]`` by least squares, ``b`` shifted
-        so the best policy has 0. Returns per mode the ceiling ``max(0, max s)`` over its
-        structures run so far plus the largest residual (the model's worst miss, at least
-        ``MIN_LOG_MARGIN``), and per policy ``b``."""
+        so the best policy of each connected part of the runs has 0. Returns per mode the
+        ceiling ``max(0, max s)`` over its structures run so far plus the largest residual
+        (the model's worst miss, at least ``MIN_LOG_MARGIN``), and per policy its cost
+        ``min(0, b + POLICY_Z standard errors)``."""
         obs = np.flatnonzero(~np.isnan(self.short) & (self.short > 0) & (self.estimate > 0))
         ceiling = np.zeros(self.num_modes)
         effect = np.zeros(self.num_policies)
@@ -182,15 +187,44 @@ class SearchState:
         policy = self.policy_idx[obs]
         y = np.log(self.short[obs] / self.estimate[obs])
         s_effect, b = _two_way_fit(y, struct, policy, self.num_structures, self.num_policies)
-        margin = max(MIN_LOG_MARGIN, float((y - s_effect[struct] - b[policy]).max()))
-        shift = float(b[known_policy].max())
-        effect = b - shift
+        residual = y - s_effect[struct] - b[policy]
+        margin = max(MIN_LOG_MARGIN, float(residual.max()))
+        # b is known only up to a constant within each connected part of the runs' policy-
+        # structure graph: each part's best policy is its 0
+        part = _parts(struct, policy, self.num_structures, self.num_policies)
+        shift = np.full(part.max() + 1, -np.inf)
+        np.maximum.at(shift, part[: self.num_policies][known_policy], b[known_policy])
         seen = np.bincount(struct, minlength=self.num_structures) > 0
+        # a policy's cost counts only beyond its own uncertainty (Z standard errors): a
+        # policy seen in few runs, or values the model does not fit, prune nothing by policy
+        dof = (
+            seen.sum()
+            + known_policy.sum()
+            - np.unique(part[np.flatnonzero(np.r_[known_policy, seen])]).size
+        )
+        sigma = math.sqrt((residual**2).sum() / (y.size - dof)) if y.size > dof else math.inf
+        n_policy = np.maximum(np.bincount(policy, minlength=self.num_policies), 1)
+        slack = POLICY_Z * sigma / np.sqrt(n_policy)
+        effect = np.where(
+            known_policy, np.minimum(0.0, b - shift[part[: self.num_policies]] + slack), 0.0
+        )
         modes = self.structure_mode
-        s_effect = np.where(seen, s_effect + shift, -np.inf)
+        s_effect = np.where(seen, s_effect + shift[part[self.num_policies :]], -np.inf)
         for m in np.unique(modes[seen]):
             ceiling[m] = max(0.0, float(s_effect[modes == m].max())) + margin
         return ceiling, effect, known_mode, known_policy
+
+
+def _parts(
+    structures: np.ndarray, policies: np.ndarray, num_structures: int, num_policies: int
+) -> np.ndarray:
+    """Connected part of every policy (first ``num_policies``) and structure (the rest) in
+    the graph whose edges are the runs (a policy and a structure run together)."""
+    n = num_policies + num_structures
+    edges = coo_matrix(
+        (np.ones(len(policies)), (policies, num_policies + structures)), shape=(n, n)
+    )
+    return connected_components(edges, directed=False)[1]
 
 
 def _two_way_fit(
@@ -285,7 +319,11 @@ class _Runner:
             return incumbent
         key = np.where(open_, upper, -np.inf)
         top = np.flatnonzero(key == key.max())
-        return int(top[np.argmax(self.state.estimate[top])])  # ties: the higher estimate
+        # ties (an unexplored policy or mode): a structure already run first, so that the
+        # policy's effect is measured against the others, then the higher estimate
+        s = self.state
+        seen = np.isin(s.structure_idx[top], s.structure_idx[~np.isnan(s.short)])
+        return int(top[np.lexsort((s.estimate[top], seen))[-1]])
 
     def _challenger(self, open_: np.ndarray) -> int | None:
         """The best short run, if its own value already beats the best full run: it goes

@@ -79,13 +79,32 @@ def test_finds_the_exact_best_with_fewer_simulations_than_the_space():
     assert set(result.full_values) == {c for c, it in evaluator.calls if it == FULL}
 
 
+def _separable_values(seed: int, slack: float) -> tuple[dict[Candidate, float], list[float]]:
+    """Values that follow the search's model, ``log(value / estimate) = s[structure] +
+    b[policy]``, each factor at most 1 (so the estimates bound the values)."""
+    import random
+
+    rng = random.Random(seed)
+    structure = {c.structure: 1.0 / (1.0 + slack * rng.random()) for c in SPACE.candidates}
+    policy = {c.policies.key: 1.0 / (1.0 + slack * rng.random()) for c in SPACE.candidates}
+    values, estimates = {}, []
+    for c in SPACE.candidates:
+        estimate = 1.0 + rng.random()
+        values[c] = estimate * structure[c.structure] * policy[c.policies.key]
+        estimates.append(estimate)
+    return values, estimates
+
+
 @settings(max_examples=10)
 @given(seed=st.integers(0, 10_000), slack=st.floats(0.0, 1.0), ratio=st.floats(0.8, 1.0))
-def test_with_bounding_estimates_the_best_is_never_missed(seed, slack, ratio):
-    values, estimates = _values(seed, slack)
+def test_with_bounding_estimates_and_the_models_form_the_best_is_never_missed(seed, slack, ratio):
+    """Where the values have the form the search fits (a structure's factor times a
+    policy's) and the estimates bound them, pruning never loses the best."""
+    values, estimates = _separable_values(seed, slack)
     result = search(
         SearchState(SPACE.candidates, estimates), FakeEvaluator(values, ratio), _config()
     )
+    assert result.finished
     assert result.best_value == max(values.values())
 
 
