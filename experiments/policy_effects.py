@@ -297,6 +297,7 @@ def run_policy_effects(
     import httpx
 
     from policies.calibrated import cost_model_path
+    from runtime.http_pool import POOL_LIMITS
     from runtime.model import ensure_tiny_model
     from runtime.procs import free_port, start_server, stop_server, wait_healthy
     from runtime.profile_bursts import warm_up
@@ -318,7 +319,9 @@ def run_policy_effects(
 
         async def warm() -> None:
             for s in servers:
-                async with httpx.AsyncClient(base_url=s.base_url, timeout=600.0) as http:
+                async with httpx.AsyncClient(
+                    base_url=s.base_url, timeout=600.0, limits=POOL_LIMITS
+                ) as http:
                     await warm_up(http, TaskSet(0, 256, 128), 1.0)
 
         asyncio.run(warm())

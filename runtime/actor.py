@@ -206,10 +206,11 @@ class Actor:
         self.spawn(self._generate(cmd.instance_id, cmd.requests, dispatch_s))
 
     async def _generate(
-        self, instance_id: int, requests: tuple[Request, ...], dispatch_s: float
+        self, instance_id: int, requests: tuple[Request, ...], dispatch_s: float, attempt: int = 0
     ) -> None:
         """One streamed request per dispatch; each completion is consumed as it arrives.
-        A broken connection marks the server lost (its requests go elsewhere)."""
+        A failed stream goes to :meth:`ServerFaults.stream_failed`: the server lost (its
+        requests go elsewhere), or the samples it has not returned sent to it again."""
         priorities = [int(self.priority(r)) for r in requests]
         seeds = [self.config.seed_of(r) for r in requests]
         client = self.clients[instance_id]
@@ -225,14 +226,10 @@ class Actor:
                 self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
         except SampleFailed as err:
             self._events.put_nowait(Failed(LiveRunError(str(err))))
-        except httpx.HTTPStatusError as err:
-            if err.response.status_code < 500:  # the server refused the request itself
-                message = f"generation server {instance_id} refused a dispatch: {err}"
-                self._events.put_nowait(Failed(LiveRunError(message)))
-            else:
-                self.faults.mark_lost(instance_id, f"{type(err).__name__}: {err}")
-        except httpx.TransportError as err:
-            self.faults.mark_lost(instance_id, f"{type(err).__name__}: {err}")
+        except (httpx.HTTPStatusError, httpx.TransportError) as err:
+            again = await self.faults.stream_failed(instance_id, err, requests, attempt)
+            if again:
+                await self._generate(instance_id, again, dispatch_s, attempt + 1)
         except Exception as err:
             self._events.put_nowait(Failed(err))
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import httpx
 
 from policies.records import Completion, FinishReason, Request
+from runtime.http_pool import POOL_LIMITS
 from runtime.server import SERVED_MODEL_NAME
 
 
@@ -63,10 +64,9 @@ class GenerationClient:
         self.base_url = base_url
         self.temperature = temperature
         self.api_key = api_key
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._http = httpx.AsyncClient(
-            base_url=base_url, timeout=600.0, limits=limits, headers=headers
+            base_url=base_url, timeout=600.0, limits=POOL_LIMITS, headers=headers
         )
 
     async def generate(

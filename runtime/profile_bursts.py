@@ -13,6 +13,7 @@ import httpx
 from policies.records import Request
 from policies.spec import RunSpec
 from runtime.gen_client import completion_body
+from runtime.http_pool import POOL_LIMITS
 from runtime.tasks import TaskPrompt, TaskSet, task_set
 
 
@@ -66,15 +67,11 @@ def warm_up_server(base_url: str, spec: RunSpec) -> None:
     """The profile's warm-up bursts, for a server that will be measured (``tandem fidelity``)."""
 
     async def run() -> None:
-        async with httpx.AsyncClient(base_url=base_url, timeout=600.0, limits=LIMITS) as http:
+        async with httpx.AsyncClient(base_url=base_url, timeout=600.0, limits=POOL_LIMITS) as http:
             await warm_up(http, tasks, spec.live.temperature)
 
     tasks = task_set(spec)
     asyncio.run(run())
-
-
-# idle connections expire before uvicorn's 5 s keep-alive closes them under us
-LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=1.0)
 
 
 async def median_burst(http, prompts, max_tokens, temperature, repeats) -> float:

@@ -48,11 +48,11 @@ from pathlib import Path
 import httpx
 
 from policies.spec import RunSpec
+from runtime.http_pool import POOL_LIMITS
 from runtime.live_run import model_dir_for, trainer_config
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.profile_bursts import (
     ACTOR_ROUTE,
-    LIMITS,
     burst_s,
     median_burst,
     prefill_s,
@@ -140,7 +140,7 @@ def profile_runtime(
 
 async def _measure_server(spec, plan, tasks, url, token, trainer, tick) -> ProfileTables:
     temperature = spec.live.temperature
-    async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=LIMITS) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=POOL_LIMITS) as http:
         await warm_up(http, tasks, temperature)
         tick("warm-up")
         decode, prefill = await _measure_decode(http, plan, tasks, temperature, tick)

@@ -23,9 +23,11 @@ class Fault:
 
     time_s: float
     instance_id: int
-    event: str  # lost | restarted | restart-failed | added | add-failed | rejoined | retired
+    event: (
+        str  # lost | retried | restarted | restart-failed | added | add-failed | rejoined | retired
+    )
     detail: str
-    num_resubmitted: int = 0  # lost: its requests, dispatched again to the others
+    num_resubmitted: int = 0  # lost: its requests, dispatched again to the others; retried: to it
     version: int | None = None  # rejoined: the weight version it serves from then on
 
 

@@ -40,6 +40,7 @@ from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
 from runtime.direct_load import DIRECT_ENV
 from runtime.guard import Guard, GuardPolicy
 from runtime.host_cpu import descendants
+from runtime.http_pool import SERVER_KEEP_ALIVE_S
 from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
 from runtime.vllm_plugin import SPIN_ENV
 from runtime.weight_sync import BucketDigest, ParamMeta
@@ -282,7 +283,13 @@ async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
         mount_contract(app, control, policy)
         await init_app_state(engine, app.state, args, tasks)
         shutdown = await serve_http(
-            app, sock=sock, host=args.host, port=args.port, log_level="warning", access_log=False
+            app,
+            sock=sock,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         )
     try:
         await shutdown

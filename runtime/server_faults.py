@@ -22,11 +22,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+import httpx
+
 from policies.modes.base import Controller
 from policies.modes.events import Command, InstanceAdded, InstanceLost, InstanceRetired
 from policies.records import InstanceView, Request
 from runtime.errors import LiveRunError, ProcessDied
 from runtime.gen_client import GenerationClient
+from runtime.jobs import Failed
 from runtime.procs import free_port
 from runtime.recorder import Fault, Recorder
 from runtime.supervisor import Servers
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_PUSH_ATTEMPTS = 3  # a push that finds dead servers goes again without them
 MAX_RESTARTS = 3  # per server and run
+MAX_STREAM_RETRIES = 2  # per dispatch, to a server that still answers /health
 
 
 class State(StrEnum):
@@ -110,6 +114,37 @@ class ServerFaults:
         self._state[instance_id] = State.LOST
         self._group_stale = True
         self.actor.post(Lost(instance_id, cause, description))
+
+    async def stream_failed(
+        self, instance_id: int, err: httpx.HTTPError, requests: tuple[Request, ...], attempt: int
+    ) -> tuple[Request, ...]:
+        """A dispatch's stream to ``instance_id`` failed; returns what to send it again.
+
+        A refusal (4xx) fails the run, naming the server. A broken connection to a server
+        that still answers ``/health`` (one it closed just as the client reused it, say)
+        gets the dispatch's unreturned samples sent again, on a new connection, up to
+        ``MAX_STREAM_RETRIES`` times. Anything else marks the server lost."""
+        if isinstance(err, httpx.HTTPStatusError) and err.response.status_code < 500:
+            message = f"generation server {instance_id} refused a dispatch: {err}"
+            self.actor.post(Failed(LiveRunError(message)))
+            return ()
+        cause = f"{type(err).__name__}: {err}"
+        retry = isinstance(err, httpx.TransportError) and attempt < MAX_STREAM_RETRIES
+        description = None
+        if retry and not self.is_lost(instance_id):
+            description = await self._confirm(instance_id, cause)
+            if description is None and not self.is_lost(instance_id):
+                running = self._inflight.get(instance_id, {})
+                again = tuple(r for r in requests if r.sample_id in running)
+                detail = f"its stream broke ({cause}); it answers /health: sent again"
+                log.warning(
+                    "generation server %d: %s (%d samples)", instance_id, detail, len(again)
+                )
+                fault = Fault(self.actor.now(), instance_id, "retried", detail, len(again))
+                self.actor.recorder.fault(fault)
+                return again
+        self.mark_lost(instance_id, cause, description)
+        return ()
 
     async def watch(self, period_s: float = 0.5) -> None:
         """Notice a server process that exits, even one with nothing running on it."""

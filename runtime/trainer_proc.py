@@ -44,6 +44,7 @@ from runtime.checkpoints import CheckpointWriter, keep_step, readable
 from runtime.core_loan import CoreLoan
 from runtime.errors import ProcessDied, describe_exit
 from runtime.fan_out import ServerAddr, answers, fan_out, join_answers
+from runtime.http_pool import POOL_LIMITS
 from runtime.procs import die_with_parent
 from runtime.recorder import DataPosition
 from runtime.trainer import Trainer, TrainerConfig, TrainItem, write_state
@@ -77,7 +78,7 @@ class TrainerWorker:
         self._sending: list = []  # the broadcast works of the push in flight
         # one pooled client for every control call: a new httpx client costs tens of ms
         # (it builds a TLS context), which would sit on every push's critical path
-        self.http = httpx.Client()
+        self.http = httpx.Client(limits=POOL_LIMITS)
         self.writer = CheckpointWriter()
 
     def initialise(self, checkpoint: str | None) -> Any:

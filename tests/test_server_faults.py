@@ -21,7 +21,8 @@ from policies.records import Completion, FinishReason, StepStats
 from policies.spec import load_spec
 from runtime.actor import Actor
 from runtime.errors import LiveRunError
-from runtime.gen_client import Generated
+from runtime.gen_client import Generated, GenerationClient
+from runtime.http_pool import POOL_LIMITS, SERVER_KEEP_ALIVE_S
 from runtime.live_run import make_actor
 from runtime.recorder import Recorder
 from runtime.server_faults import ServersLost
@@ -66,6 +67,24 @@ class FakeClient:
 
     async def aclose(self) -> None:
         pass
+
+
+class ResettingClient(FakeClient):
+    """Its stream breaks with a reset connection (``httpx.ReadError``) after every
+    ``every`` completions, ``resets`` times in all, while its server lives on."""
+
+    def __init__(self, instance_id: int, world: FakeWorld, every: int, resets: int) -> None:
+        super().__init__(instance_id, world)
+        self.every, self.resets, self._since = every, resets, 0
+
+    async def stream(self, requests, dispatch_s, clock, priorities, seeds):
+        for r in requests:
+            if self.resets and self._since >= self.every:
+                self.resets, self._since = self.resets - 1, 0
+                raise httpx.ReadError("")
+            self._since += 1
+            async for out in super().stream((r,), dispatch_s, clock, priorities, seeds):
+                yield out
 
 
 def _completion(r, instance_id: int, version: int, now: float) -> Completion:
@@ -223,6 +242,26 @@ def test_with_one_server_a_loss_stops_the_run_naming_the_process():
     assert isinstance(info.value, LiveRunError)
 
 
+def test_a_stream_broken_on_a_live_server_sends_it_what_it_had_not_returned_again():
+    actor, world, trainer, recorder = _actor("pipeline", 2, break_after=None, restart=False)
+    flaky = actor.clients[1] = ResettingClient(1, world, every=3, resets=2)
+    asyncio.run(_run(actor))
+    assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once
+    assert sorted(flaky.dispatched) == sorted(
+        sid for sid, s in recorder.samples.items() if s.instance_id == 1
+    )  # nothing it streamed twice, nothing lost
+    assert [(f.event, f.instance_id) for f in recorder.faults] == [("retried", 1)] * 2
+    assert all(f.num_resubmitted > 0 and "ReadError" in f.detail for f in recorder.faults)
+    assert not actor.faults.is_lost(1) and world.stopped == []
+
+
+def test_a_stream_that_keeps_breaking_on_a_live_server_stops_the_run_saying_so():
+    actor, world, *_ = _actor("pipeline", 2, break_after=None, restart=False)
+    actor.clients[1] = ResettingClient(1, world, every=0, resets=10**6)
+    with pytest.raises(LiveRunError, match="server 1's stream broke .*still answers /health"):
+        asyncio.run(_run(actor))
+
+
 def test_a_push_that_finds_a_server_dead_goes_again_without_it():
     actor, world, trainer, recorder = _actor("disagg-sync", 2, break_after=10**6, restart=False)
 
@@ -315,3 +354,11 @@ def test_a_steps_end_is_when_the_actor_finished_it_not_the_trainers_busy_sum():
     assert len(recorder.steps) == 4
     for s in recorder.steps:
         assert s["start_s"] <= s["end_s"] <= s["done_s"] <= end_s < 100.0
+
+
+def test_the_clients_let_idle_connections_go_before_the_server_closes_them():
+    """A connection reused just as the server closes it breaks with a ReadError (it once
+    stopped a 300-step run): pools to the servers drop idle connections well before."""
+    client = GenerationClient(0, "http://127.0.0.1:9", 1.0)
+    expiry = client.http._transport._pool._keepalive_expiry
+    assert expiry == POOL_LIMITS.keepalive_expiry and expiry <= SERVER_KEEP_ALIVE_S / 2
