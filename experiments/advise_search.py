@@ -12,8 +12,9 @@ best short run of a mode with no such pair yet goes on to a full run first); els
 The factor comes from ``log(short / estimate) = s[structure] + b[policy]`` fitted to the
 short runs so far: ``b`` is what a policy choice costs relative to the best one (among
 policies the runs connect through shared structures; counted only beyond ``POLICY_Z``
-standard errors), ``s`` how close a structure comes to its estimate. An unrun candidate gets its policy's ``b``
-and ``max(0, highest s seen in its mode)`` plus the model's largest residual: the
+standard errors), ``s`` how close a structure comes to its estimate. An unrun candidate
+gets its policy's ``b`` and ``max(0, highest s seen in its mode)`` plus the model's
+largest residual: the
 estimate is treated as an upper bound (it ignores dispatch skew, prefill and weight
 pushes), raised where a run ever beat it. A mode or policy with no short run yet has
 ``U = inf`` and is explored first (highest estimate first).

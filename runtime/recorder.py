@@ -23,9 +23,8 @@ class Fault:
 
     time_s: float
     instance_id: int
-    event: (
-        str  # lost | retried | restarted | restart-failed | added | add-failed | rejoined | retired
-    )
+    # lost | retried | restarted | restart-failed | added | add-failed | rejoined | retired
+    event: str
     detail: str
     num_resubmitted: int = 0  # lost: its requests, dispatched again to the others; retried: to it
     version: int | None = None  # rejoined: the weight version it serves from then on
