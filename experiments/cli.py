@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -24,9 +23,10 @@ from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_mo
 from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
+from experiments.stop_signal import SigtermUnwinds
 from experiments.sweep_cmd import add_sweep_parser
 from policies.logs import run_log
-from policies.results import SUMMARY_METRICS, RunResult
+from policies.results import SUMMARY_METRICS, RunResult, write_atomic
 from policies.spec import RunSpec, SpecError, load_spec
 from runtime.errors import MissingExtra
 from runtime.ray_session import require_ray
@@ -106,6 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         RunProgress(err_console, label, spec.run.iterations, transient=not args.live) as bar,
     ):
         log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
+        if not args.live:  # the spec is on disk from the start, also if the run is stopped
+            write_atomic(out / "spec.yaml", spec.to_yaml().encode())
         on_step = chain(tracker, bar.on_step)
         result = _execute(spec, out, args.live, on_step, args.force_new_spec, args.ray)
         tracker.finish(result.metrics)
@@ -344,18 +346,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _terminate(signum: int, frame: object) -> None:
-    """SIGTERM unwinds like Ctrl-C, so that every process the command started is stopped."""
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
-    from runtime.errors import LiveRunError  # pure Python: present on any install
-
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     handler: Callable[[argparse.Namespace], int] = args.func
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    with SigtermUnwinds() as stop:  # SIGTERM unwinds like Ctrl-C: every process is stopped
+        return _run_handler(handler, args, stop)
+
+
+def _run_handler(
+    handler: Callable[[argparse.Namespace], int], args: argparse.Namespace, stop: SigtermUnwinds
+) -> int:
+    from runtime.errors import LiveRunError  # pure Python: present on any install
+
     try:
         return handler(args)
     except SpecError as err:
@@ -379,11 +382,9 @@ def main(argv: list[str] | None = None) -> int:
             f"is not installed; {LIVE_INSTALL_HINT}"
         )
         return 2
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
+        console.print(f"[yellow]{stop.what()}[/yellow]")
+        return stop.exit_code()
 
 
 if __name__ == "__main__":

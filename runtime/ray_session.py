@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -40,11 +42,12 @@ def ray_session(address: str, num_cpus: int | None = None) -> Iterator[ModuleTyp
         yield ray
         return
     try:
-        if address == LOCAL_RAY:
-            start_local_ray(num_cpus)
-        else:
-            with loopback_stays_loopback(_is_loopback(address)):
-                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        with keeps_sigterm_handler():
+            if address == LOCAL_RAY:
+                start_local_ray(num_cpus)
+            else:
+                with loopback_stays_loopback(_is_loopback(address)):
+                    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         yield ray
     finally:
         ray.shutdown()
@@ -67,6 +70,23 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     if addresses != {LOOPBACK}:
         ray.shutdown()
         raise RuntimeError(f"the local Ray instance bound to {sorted(addresses)}, not {LOOPBACK}")
+
+
+@contextlib.contextmanager
+def keeps_sigterm_handler() -> Iterator[None]:
+    """SIGTERM is handled after the block as before it. ``ray.init`` replaces the
+    handler of the main thread: a driver's SIGTERM becomes ``sys.exit(15)``, and a node
+    it starts drains for up to 30 s first, and its core worker prints a stack dump. The
+    command's own handler unwinds it as Ctrl-C does, and the session then shuts Ray down."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers, ray.init's included
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler not set from Python, left as it is
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _is_loopback(address: str) -> bool:

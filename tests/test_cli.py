@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,11 +24,14 @@ from helpers import (
 
 from experiments import cli
 from experiments.cli import main
+from experiments.stop_signal import SigtermUnwinds
 from policies.modes import MODES
 from policies.spec import load_spec
 
 SPAN_KINDS = {"prefill", "decode", "train", "weight_sync", "context_switch", "idle"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def _flat(text: str) -> str:
@@ -173,3 +182,36 @@ def test_bench_sim_prints_json_with_every_mode_and_the_fast_forward_speedup(caps
     assert set(report["modes"]) == set(MODES.names())
     assert all(m["wall_s"] > 0 for m in report["modes"].values())
     assert report["fast_forward_speedup"] > 1
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_exits_143(tmp_path):
+    """A scheduler's SIGTERM stops a run as Ctrl-C does: the run's files say why, the
+    exit code is the shell's 128 + 15, and the handler before the command is back after."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SMALL_YAML)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments.cli", "run", str(spec),
+           "--set", "run.iterations=100000", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=ENV, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (out / "spec.yaml").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # a run saves its resolved spec as it starts
+        time.sleep(0.5)  # and simulates on
+        proc.send_signal(signal.SIGTERM)
+        printed, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert "terminated" in printed
+    assert "the run stopped: KeyboardInterrupt: stopped by SIGTERM" in (out / "run.log").read_text()
+    assert load_spec(out / "spec.yaml", []).run.iterations == 100000
+    assert not (out / "metrics.json").exists()  # it stopped mid-run
+    before = signal.getsignal(signal.SIGTERM)
+    with SigtermUnwinds() as stop, pytest.raises(KeyboardInterrupt, match="stopped by SIGTERM"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs at the next bytecode
+    assert stop.exit_code() == 143 and signal.getsignal(signal.SIGTERM) == before
+    with SigtermUnwinds() as stop:
+        pass
+    assert stop.exit_code() == 130  # Ctrl-C's, where no SIGTERM came

@@ -89,7 +89,9 @@ def _point_tasks(pid: int) -> list[int]:
 # --- tests that run the CLI in a process of its own (its own Ray) -----------------------
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "terminated", "killed"]
+)
 def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_path, tmp_path, sig):
     cmd = [sys.executable, "-m", "experiments.cli", "sweep", str(spec_path), "--grid",
            f"run.iterations={LONG},{LONG + 1}", "--ray", "--workers", "2",
@@ -104,10 +106,11 @@ def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_pa
         started = [p for p in descendants(proc.pid) if alive(p)]  # Ray's servers too
         os.kill(proc.pid, sig)
         code = proc.wait(timeout=60)
-        assert code == (130 if sig == signal.SIGINT else -signal.SIGKILL)
-        # Ctrl-C: the sweep cancels its tasks and shuts its Ray down; killed: Ray's reaper
-        # stops the node, and its workers exit with it
-        may_linger = () if sig == signal.SIGINT else AGENTS
+        # SIGTERM exits as the shell's 128 + 15, not ray.init's handler's sys.exit(15)
+        assert code == {signal.SIGINT: 130, signal.SIGTERM: 143}.get(sig, -signal.SIGKILL)
+        # Ctrl-C, SIGTERM: the sweep cancels its tasks and shuts its Ray down; killed:
+        # Ray's reaper stops the node, and its workers exit with it
+        may_linger = AGENTS if sig == signal.SIGKILL else ()
         must_go = [p for p in started if not cmdline(p).startswith(may_linger)]
         assert len(must_go) >= 4  # the point tasks, gcs_server, raylet, ...
         assert wait_until(lambda: not any(alive(p) for p in must_go), 30), [
