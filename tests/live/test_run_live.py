@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from helpers import ALL_MODES as REGISTERED_MODES
 from helpers import STALENESS_BOUND
+from proc_view import alive, descendants, wait_until
 
 from policies.results import CPU_METRICS, LIVE_METRICS, METRIC_NAMES
 from policies.spec import load_spec
@@ -100,8 +101,12 @@ def test_stream_async_with_overlap_starts_a_batch_before_the_last_one_ends(serve
     assert [s["step"] for s in result.steps] == list(range(4))
 
 
-@pytest.mark.parametrize("mode", ["stream-sync", "pipeline"])
-def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tmp_path, mode):
+@pytest.mark.parametrize(
+    ("mode", "sig"),
+    [("stream-sync", signal.SIGKILL), ("pipeline", signal.SIGKILL), ("pipeline", signal.SIGTERM)],
+    ids=["stream-sync-killed", "pipeline-killed", "pipeline-terminated"],
+)
+def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tmp_path, mode, sig):
     steps = 20  # the kill lands at the second checkpoint, long before the end
     args = _overrides(server, token, mode, steps)
     sets = [f"--set={a}" for a in args]
@@ -119,6 +124,12 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tm
         first = _identity(ckpt)
         while _identity(ckpt) == first and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.01)  # until a later step's checkpoint replaced it
+        if sig == signal.SIGTERM:  # as a scheduler preempts a job: the command alone
+            children = descendants(proc.pid)  # the trainer and its helpers
+            os.kill(proc.pid, sig)
+            assert proc.wait(timeout=60) == 128 + sig  # unwound, as Ctrl-C does
+            assert children and wait_until(lambda: not any(alive(p) for p in children), 30)
+            assert "stopped by SIGTERM" in (tmp_path / "run.log").read_text()
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
