@@ -36,6 +36,12 @@ class LiveSection(Section):
     checkpoint_every: int = count(
         1, ge=1, description="optimizer steps between checkpoints (a huge value: never)"
     )
+    checkpoint_min_interval_s: float = Field(
+        0.0,
+        ge=0,
+        description="a due checkpoint is skipped while the last one is younger than this "
+        "(seconds of the run clock); the run's last step always checkpoints",
+    )
     keep_checkpoints: int = count(
         3,
         ge=0,

@@ -56,6 +56,7 @@ from policies.modes.events import (
 from policies.records import InflightHandling, Request, SpanKind
 from policies.resources import TRAINER, generation_resource
 from policies.tracking import StepUpdate
+from runtime.checkpoints import CheckpointCadence
 from runtime.errors import LiveRunError
 from runtime.gen_client import Generated, GenerationClient, SampleFailed
 from runtime.groups import GroupBook
@@ -74,6 +75,7 @@ class ActorConfig:
     step_offset: int = 0  # first global step of this (possibly resumed) run
     checkpoint_path: str | None = None
     checkpoint_every: int = 1
+    checkpoint_interval_s: float = 0.0  # at least this between two (but the last step's)
     sampling_seed: int | None = 0  # per-sample seeds from (this, sample id); None: unseeded
     length_update_every: int = 32  # finished samples per update of an online length predictor
     weight_host: str = "127.0.0.1"  # where the trainer hosts the weight group (live.host)
@@ -104,6 +106,8 @@ class Actor:
         on_step: Callable[[StepUpdate], None] | None = None,
     ) -> None:
         self.config = config
+        c = config  # which optimizer steps checkpoint
+        self._cadence = CheckpointCadence(c.checkpoint_every, c.checkpoint_interval_s, c.num_steps)
         self.controller = controller
         self.clients = clients
         self.trainer = trainer
@@ -123,8 +127,7 @@ class Actor:
         self._settled = asyncio.Event()  # no push's answers outstanding (runtime.server_faults)
         self._settled.set()
         self._tasks: set[asyncio.Task] = set()
-        self._t0 = 0.0
-        self._time_offset_s = 0.0
+        self._t0 = self._time_offset_s = 0.0
         self.faults = ServerFaults(self, servers)
         self.after_step = after_step  # awaited after each optimizer step and its checkpoint
 
@@ -323,9 +326,8 @@ class Actor:
         self._events.put_nowait(TrainStepDone(end, local))
 
     def _checkpoint_for(self, step: int) -> str | None:
-        if self.config.checkpoint_path and (step + 1) % self.config.checkpoint_every == 0:
-            return self.config.checkpoint_path
-        return None
+        path = self.config.checkpoint_path
+        return path if path and self._cadence.due(step, self.now()) else None
 
     async def _push(self, local_version: int, inflight: InflightHandling) -> None:
         """Push the weights of ``local_version`` as soon as the servers may take them.

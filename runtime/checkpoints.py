@@ -1,7 +1,9 @@
 """Where a live run's checkpoints are, and the per-step ones kept beside the last one.
 
 The trainer writes ``RUN_DIR/checkpoints/last.pt`` after every ``live.checkpoint_every``
-steps (atomically: a new file renamed over the old one); a sharded trainer
+steps, skipping one while the last is younger than ``live.checkpoint_min_interval_s``
+except at the run's last step (:class:`CheckpointCadence`), atomically (a new file
+renamed over the old one); a sharded trainer
 (:mod:`runtime.sharded_trainer`) writes the directory ``last.dcp`` instead (built beside
 it and published with :func:`publish_dir`). So that the policy of an earlier step can
 still be exported, the newest ``live.keep_checkpoints`` of them also stay as
@@ -23,6 +25,7 @@ import re
 import shutil
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 CHECKPOINT_DIR = "checkpoints"
@@ -166,3 +169,27 @@ class CheckpointWriter:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+
+
+@dataclass(slots=True)
+class CheckpointCadence:
+    """Which optimizer steps checkpoint: every ``every``-th, skipped while the last one is
+    younger than ``min_interval_s`` seconds of the run clock, except the run's last step
+    (``num_steps``, global), so that a finished run can be exported. The interval bounds
+    what a crash loses in time, not in steps: where a step takes a tenth of a second, a
+    checkpoint each step costs the trainer a quarter of its CPU."""
+
+    every: int = 1
+    min_interval_s: float = 0.0
+    num_steps: int | None = None
+    last_s: float = 0.0  # when the last checkpoint was taken (0: a resumed run's first due)
+
+    def due(self, step: int, now_s: float) -> bool:
+        """Whether global ``step`` checkpoints; if it does, its time is the last one's."""
+        if (step + 1) % self.every:
+            return False
+        final = self.num_steps is not None and step + 1 >= self.num_steps
+        if not final and now_s - self.last_s < self.min_interval_s:
+            return False
+        self.last_s = now_s
+        return True

@@ -251,6 +251,7 @@ def make_actor(
     config = ActorConfig(
         group_size=spec.algorithm.group_size, step_offset=offset, checkpoint_path=ckpt,
         checkpoint_every=spec.live.checkpoint_every, sampling_seed=spec.run.seed,
+        checkpoint_interval_s=spec.live.checkpoint_min_interval_s,
         weight_host=spec.live.host,
         weight_backend=backend,
         num_steps=spec.run.iterations,

@@ -25,8 +25,8 @@ OPERATIONAL_KEYS = (
     "run.name", "sim.", "live.host", "live.base_port", "live.token", "live.api_key",
     "live.server_urls", "live.num_servers", "live.restart_servers", "live.startup_timeout_s",
     "live.trainer_threads", "live.trainer_nice", "live.engine_nice", "live.kv_cache_gib",
-    "live.checkpoint_every", "live.device", "live.cost_model", "live.warm_up_tokens",
-    "live.skip_zero_advantage", "live.share_prompts",
+    "live.checkpoint_every", "live.checkpoint_min_interval_s", "live.device",
+    "live.cost_model", "live.warm_up_tokens", "live.skip_zero_advantage", "live.share_prompts",
 )  # fmt: skip
 
 

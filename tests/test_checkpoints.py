@@ -9,6 +9,7 @@ import pytest
 
 from policies.results import write_atomic
 from runtime.checkpoints import (
+    CheckpointCadence,
     keep_step,
     kept_checkpoints,
     kept_steps,
@@ -90,3 +91,14 @@ def test_a_publish_stopped_between_its_renames_leaves_the_previous_checkpoint(tm
     assert (last / ".metadata").read_text() == "next"
     assert [p.name for p in tmp_path.iterdir()] == ["last.dcp"]
     assert readable(tmp_path / "missing.dcp") is None
+
+
+def test_a_cadence_skips_steps_within_its_interval_but_never_the_last():
+    # steps 0.1 s apart, a checkpoint every 2nd step, at most one a 0.35 s, 12 steps
+    cadence = CheckpointCadence(every=2, min_interval_s=0.35, num_steps=12)
+    due = [step for step in range(12) if cadence.due(step, 0.1 * (step + 1))]
+    assert due == [3, 7, 11]  # 0.4 s, 0.8 s (0.4 after), and the last, although 0.4 after
+    plain = CheckpointCadence(every=3, num_steps=10)  # no interval: every 3rd, as before
+    assert [step for step in range(10) if plain.due(step, 0.0)] == [2, 5, 8]  # 9 is not due
+    resumed = CheckpointCadence(every=1, min_interval_s=5.0, num_steps=100)
+    assert resumed.due(40, 61.0) and not resumed.due(41, 62.0)  # timed from the last one

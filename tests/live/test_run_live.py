@@ -18,6 +18,7 @@ from proc_view import alive, descendants, wait_until
 
 from policies.results import CPU_METRICS, LIVE_METRICS, METRIC_NAMES
 from policies.spec import load_spec
+from runtime.checkpoints import kept_steps
 from runtime.launcher import run_live
 
 pytestmark = pytest.mark.live
@@ -143,6 +144,16 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tm
         assert (samples["iteration"] == samples["train_step"]).all()
     assert (samples["iteration"] == samples["sample_id"] // 16).all()
     assert [s["step"] for s in result.steps] == list(range(steps))
+
+
+def test_a_checkpoint_interval_longer_than_the_run_checkpoints_its_last_step_only(
+    server, token, tmp_path
+):
+    overrides = [*_overrides(server, token, "stream-async", 4), "live.keep_checkpoints=10"]
+    spec = load_spec(CONFIG, [*overrides, "live.checkpoint_min_interval_s=3600"])
+    run_live(spec, tmp_path)
+    # with 10 kept, every step that checkpointed is there: only the last, for export
+    assert kept_steps(tmp_path / "checkpoints") == [3]
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
