@@ -182,7 +182,7 @@ class CheckpointCadence:
     every: int = 1
     min_interval_s: float = 0.0
     num_steps: int | None = None
-    last_s: float = 0.0  # when the last checkpoint was taken (0: a resumed run's first due)
+    last_s: float = 0.0  # when the last checkpoint was taken; at first, the clock's zero
 
     def due(self, step: int, now_s: float) -> bool:
         """Whether global ``step`` checkpoints; if it does, its time is the last one's."""
