@@ -62,6 +62,15 @@ def parse_grid(text: str) -> GridAxis:
 
 
 def grid_points(axes: list[GridAxis]) -> list[dict[str, Any]]:
+    """Every combination of ``axes``; a key given twice, or a value twice on one axis,
+    is a :class:`SpecError` (it would make points that are the same run)."""
+    keys = [a.key for a in axes]
+    if twice := sorted({k for k in keys if keys.count(k) > 1}):
+        raise SpecError(f"grid: {', '.join(twice)} given as more than one --grid axis")
+    for axis in axes:
+        seen = [json.dumps(v, sort_keys=True, default=str) for v in axis.values]
+        if repeated := sorted({v for v in seen if seen.count(v) > 1}):
+            raise SpecError(f"grid {axis.key}: the value {repeated[0]} is given twice")
     return [
         dict(zip([a.key for a in axes], combo))
         for combo in itertools.product(*(a.values for a in axes))

@@ -67,9 +67,10 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
     """Run the sweep; print its outcome. Exit status 0, 1 if a point failed, 2 if every
     point's spec was invalid."""
     from experiments.plots import sweep_summary
-    from experiments.sweep import parse_grid, run_sweep
+    from experiments.sweep import grid_points, parse_grid, run_sweep
 
     axes = [parse_grid(g) for g in args.grid]
+    grid_points(axes)  # a repeated key or value is refused before --out is made
     out = check_out_dir(args.out)
     frame = run_sweep(
         spec, axes, out, args.workers, point_timeout_s=args.point_timeout, ray_address=args.ray

@@ -61,3 +61,19 @@ def test_another_grid_into_the_same_out_is_refused(tmp_path, capsys):
     other = ["--grid", "run.seed=3,4", "--set", "run.iterations=1", *SMALL]
     assert main(["sweep", "streamrl-7b", *other, "--out", str(out)]) == 2
     assert "another spec or grid" in _flat(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("grid", "says"),
+    [
+        (["--grid", "run.seed=1,2,1"], "grid run.seed: the value 1 is given twice"),
+        (["--grid", "run.seed=1,2", "--grid", "run.seed=3"], "run.seed given as more than one"),
+    ],
+)
+def test_a_grid_that_repeats_a_key_or_value_is_refused_before_anything_is_written(
+    tmp_path, capsys, grid, says
+):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "streamrl-7b", *grid, *SMALL, "--out", str(out)]) == 2
+    assert says in _flat(capsys.readouterr().out)
+    assert not out.exists()
