@@ -120,6 +120,8 @@ def export_policy(
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out}: exists and is not an empty directory")
+    if not (run / "spec.yaml").is_file():
+        raise ValueError(f"{run}: not a run directory (no spec.yaml); give a live run's directory")
     spec = load_spec(run / "spec.yaml")
     ckpt, state = find_checkpoint(run, step)
     base = model_dir_for(spec)

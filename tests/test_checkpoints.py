@@ -45,6 +45,8 @@ def test_keep_zero_keeps_only_last(tmp_path):
 def test_export_names_what_is_missing(tmp_path):
     from runtime.export import export_policy
 
+    with pytest.raises(ValueError, match="not a run directory .no spec.yaml"):
+        export_policy(tmp_path / "nowhere", tmp_path / "out")
     (tmp_path / "spec.yaml").write_text("run: {name: x}\n")
     with pytest.raises(ValueError, match="no checkpoints/last.pt"):
         export_policy(tmp_path, tmp_path / "out")
