@@ -31,6 +31,11 @@ def parity_plot(c: OperatorCalibration, path: Path) -> None:
 
 
 def calibrate(profile_dir: Path, out: Path) -> dict[str, OperatorCalibration]:
+    if not (profile_dir / "profile.json").is_file():
+        raise ValueError(
+            f"{profile_dir}: no profile.json (give a `tandem profile` directory, or Vidur's "
+            "data with --from vidur)"
+        )
     profile = json.loads((profile_dir / "profile.json").read_text())
     fits = calibrate_profile(profile_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -201,6 +201,12 @@ class RunResult:
         from policies.spec import load_spec
 
         out = Path(out_dir)
+        for name in ("spec.yaml", "metrics.json", "samples.parquet", "events.parquet"):
+            if not (out / name).is_file():
+                raise ValueError(
+                    f"{out}: not a finished run's directory (no {name}; a run writes its "
+                    "results when it ends)"
+                )
         spec = load_spec(out / "spec.yaml")
         metrics = json.loads((out / "metrics.json").read_text())
         samples = [

@@ -62,6 +62,14 @@ def test_operator_fit_names_missing_columns():
         calibrate_operator("decode", pd.DataFrame({"batch_size": [1, 2], "step_s": [1.0, 2.0]}))
 
 
+def test_calibrate_names_a_directory_without_a_profile(tmp_path, capsys):
+    from experiments.cli import main
+
+    assert main(["calibrate", str(tmp_path), "--out", str(tmp_path / "fit")]) == 2
+    assert f"{tmp_path}: no profile.json" in " ".join(capsys.readouterr().out.split())
+    assert not (tmp_path / "fit" / "cost_model.json").exists()
+
+
 def _write_profile(path) -> dict:
     tokens = np.array([20, 60, 120, 250, 400, 800])
     pd.DataFrame(

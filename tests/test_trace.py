@@ -82,3 +82,11 @@ def test_tandem_trace_rewrites_the_trace_of_a_run_directory(tmp_path: Path):
     assert main(["trace", str(tmp_path)]) == 0
     assert (tmp_path / "trace.json").read_bytes() == before  # from the parquet files alone
     assert RunResult.load(tmp_path).trace_json() == before
+
+
+def test_tandem_trace_names_a_directory_that_holds_no_finished_run(tmp_path: Path, capsys):
+    Simulation(small_spec(run__iterations=2)).run().save(tmp_path)
+    (tmp_path / "metrics.json").unlink()  # as a run that stopped before its results
+    assert main(["trace", str(tmp_path)]) == 2
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"{tmp_path}: not a finished run's directory (no metrics.json" in said
