@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from runtime.errors import ProcessDied, describe_exit
+from runtime.errors import LiveRunError, ProcessDied, describe_exit
 from runtime.lifetime import die_with_parent, reap_forks_with_parent
 
 __all__ = ["die_with_parent", "reap_forks_with_parent"]  # their home: runtime.lifetime
@@ -170,6 +170,22 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"{describe_server(server)} not healthy after {timeout_s} s")
+
+
+def check_attached(urls: list[str], timeout_s: float = 5.0) -> None:
+    """Each server of ``live.server_urls`` answers ``/health``, or a :class:`LiveRunError`
+    naming the first that does not (before the run waits on a weight group it never joins)."""
+    for i, url in enumerate(urls):
+        try:
+            status = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s).status_code
+        except httpx.HTTPError as err:
+            status = f"{type(err).__name__}: {err}"
+        if status != 200:
+            raise LiveRunError(
+                f"live.server_urls[{i}] {url} does not answer /health ({status}); start it "
+                "first (tandem serve MODEL_DIR --port PORT --token SECRET) or drop the key "
+                "to have the run start its own servers"
+            )
 
 
 def group_alive(pgid: int) -> bool:

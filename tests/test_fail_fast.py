@@ -209,3 +209,43 @@ def test_server_refuses_an_unknown_executor_by_its_option_name():
 
     with pytest.raises(ValueError, match=r"--executor 'threads'.*uni, mp"):
         serve_main(str(REPO), policy=GuardPolicy(token="t"), executor="threads")
+
+
+def test_an_attached_server_that_does_not_answer_is_named_before_the_run_waits_on_it(
+    tmp_path, capsys
+):
+    """Before: the trainer waited 60 s on a weight group the server never joined, then a
+    traceback. Now: one line naming the key, the URL and why, in seconds."""
+    from runtime.procs import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    overrides = ["--set", f"live.server_urls=[{url}]", "--set", "run.iterations=1"]
+    out = tmp_path / "run"
+    assert main(["run", "live-tiny", "--live", *overrides, "--out", str(out)]) == 1
+    said = _flat(capsys.readouterr().out)
+    assert f"live.server_urls[0] {url} does not answer /health (ConnectError" in said
+    assert not (out / "metrics.json").exists()
+
+
+def test_attached_servers_that_answer_health_pass_the_check():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from runtime.errors import LiveRunError
+    from runtime.procs import check_attached
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the handler's name is http.server's
+            self.send_response(200 if self.path == "/health" else 503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Health) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        check_attached([url, url + "/"])
+        with pytest.raises(LiveRunError, match=r"server_urls\[1\] .*/sick does not answer.*503"):
+            check_attached([url, url + "/sick"])
+        server.shutdown()
