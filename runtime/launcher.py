@@ -174,7 +174,7 @@ def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
     """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
     live = spec.live
     if live.server_urls:
-        check_attached(live.server_urls)
+        check_attached(live.server_urls, token)
         return Servers([ServerSlot(i, u) for i, u in enumerate(live.server_urls)], token)
     start = functools.partial(_start_server, spec, model_dir, token, core_sets, out_dir)
     started.extend(start(i) for i in range(live.num_servers))

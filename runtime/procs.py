@@ -172,19 +172,33 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
     raise TimeoutError(f"{describe_server(server)} not healthy after {timeout_s} s")
 
 
-def check_attached(urls: list[str], timeout_s: float = 5.0) -> None:
-    """Each server of ``live.server_urls`` answers ``/health``, or a :class:`LiveRunError`
-    naming the first that does not (before the run waits on a weight group it never joins)."""
+def check_attached(urls: list[str], token: str | None, timeout_s: float = 5.0) -> None:
+    """Each server of ``live.server_urls`` answers ``/health`` and takes ``token`` on its
+    control routes, or a :class:`LiveRunError` naming the first that does not (before the
+    run waits on a weight group the server never joins). The token is tried with a GET of
+    ``/init_process_group``: past the guard that POST route answers 405, at it 401/403."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     for i, url in enumerate(urls):
+        base, name = url.rstrip("/"), f"live.server_urls[{i}] {url}"
         try:
-            status = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s).status_code
+            health = httpx.get(base + "/health", timeout=timeout_s).status_code
+            control = httpx.get(base + "/init_process_group", headers=headers, timeout=timeout_s)
         except httpx.HTTPError as err:
-            status = f"{type(err).__name__}: {err}"
-        if status != 200:
+            health, control = f"{type(err).__name__}: {err}", None
+        if health != 200 or control is None:
             raise LiveRunError(
-                f"live.server_urls[{i}] {url} does not answer /health ({status}); start it "
-                "first (tandem serve MODEL_DIR --port PORT --token SECRET) or drop the key "
-                "to have the run start its own servers"
+                f"{name} does not answer /health ({health}); start it first (tandem serve "
+                "MODEL_DIR --port PORT --token SECRET) or drop the key to have the run start "
+                "its own servers"
+            )
+        if control.status_code in (401, 403):
+            raise LiveRunError(
+                f"{name} refused the run's token ({control.status_code} {control.text}); set "
+                "live.token (or TANDEM_TOKEN) to the token the server was started with"
+            )
+        if control.status_code == 404:
+            raise LiveRunError(
+                f"{name} has no /init_process_group: not a tandem server (tandem serve)"
             )
 
 

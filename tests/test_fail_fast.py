@@ -227,25 +227,42 @@ def test_an_attached_server_that_does_not_answer_is_named_before_the_run_waits_o
     assert not (out / "metrics.json").exists()
 
 
-def test_attached_servers_that_answer_health_pass_the_check():
+def test_attached_servers_are_checked_for_health_the_token_and_the_control_routes():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from runtime.errors import LiveRunError
     from runtime.procs import check_attached
 
-    class Health(BaseHTTPRequestHandler):
+    class Server(BaseHTTPRequestHandler):  # as tandem serve answers these GETs
         def do_GET(self):  # noqa: N802 - the handler's name is http.server's
-            self.send_response(200 if self.path == "/health" else 503)
+            path = self.path.removeprefix("/sick").removeprefix("/plain")
+            if self.path.startswith("/sick"):
+                status = 503
+            elif path == "/health":
+                status = 200
+            elif self.path.startswith("/plain"):
+                status = 404  # a server without tandem's routes
+            elif self.headers.get("Authorization") != "Bearer right":
+                status = 403
+            else:
+                status = 405  # /init_process_group is a POST route
+            self.send_response(status)
             self.end_headers()
 
         def log_message(self, *args):
             pass
 
-    with ThreadingHTTPServer(("127.0.0.1", 0), Health) as server:
+    with ThreadingHTTPServer(("127.0.0.1", 0), Server) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        check_attached([url, url + "/"])
+        check_attached([url, url + "/"], "right")
         with pytest.raises(LiveRunError, match=r"server_urls\[1\] .*/sick does not answer.*503"):
-            check_attached([url, url + "/sick"])
+            check_attached([url, url + "/sick"], "right")
+        with pytest.raises(
+            LiveRunError, match=r"server_urls\[0\] .* refused the run's token \(403"
+        ):
+            check_attached([url], "wrong")
+        with pytest.raises(LiveRunError, match=r"server_urls\[0\] .*/plain has no /init_process"):
+            check_attached([url + "/plain"], "right")
         server.shutdown()
