@@ -44,11 +44,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "/weights/checksums) need a token: pass --token SECRET (or set TANDEM_TOKEN), "
             "or --insecure-no-token to leave them open to anyone who reaches the port"
         )
-    if not Path(args.model_dir).is_dir():
-        raise ValueError(f"serve: model directory {args.model_dir} does not exist")
     for module in ("vllm", "torch", "fastapi"):
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+    if not Path(args.model_dir).is_dir():
+        raise ValueError(f"serve: model directory {args.model_dir} does not exist")
+    if not (Path(args.model_dir) / "config.json").is_file():
+        raise ValueError(
+            f"serve: {args.model_dir} has no config.json: not a Hugging Face model directory "
+            "(tandem model path builds the embedded one; tandem export writes a trained one)"
+        )
     env = {**os.environ, "TANDEM_TOKEN": token or ""}
     if args.api_key:
         env["TANDEM_API_KEY"] = args.api_key

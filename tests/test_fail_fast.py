@@ -172,8 +172,17 @@ def test_serve_refuses_to_open_control_routes_without_a_token(monkeypatch, capsy
     assert "--token" in printed and "--insecure-no-token" in printed
 
 
-def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypatch):
+def test_serve_refuses_a_directory_that_is_not_a_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("the server started"))
+    assert main(["serve", str(tmp_path), "--token", "t"]) == 2
+    assert f"{tmp_path} has no config.json: not a Hugging Face model" in _flat(
+        capsys.readouterr().out
+    )
+
+
+def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypatch, tmp_path):
     seen: dict = {}
+    (tmp_path / "config.json").write_text("{}")
 
     def execve(path, argv, env):
         seen.update(argv=argv, env=env)
@@ -181,8 +190,8 @@ def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypat
 
     monkeypatch.setattr(os, "execve", execve)
     with pytest.raises(SystemExit):
-        cli.main(["serve", str(REPO), "--token", "s3cret", "--port", "8999"])
-    assert seen["argv"][1:4] == ["-m", "runtime.server", str(REPO)]
+        cli.main(["serve", str(tmp_path), "--token", "s3cret", "--port", "8999"])
+    assert seen["argv"][1:4] == ["-m", "runtime.server", str(tmp_path)]
     assert "s3cret" not in " ".join(seen["argv"]) and seen["env"]["TANDEM_TOKEN"] == "s3cret"
 
 
