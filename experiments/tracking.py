@@ -123,7 +123,7 @@ class WandbLogger:
                 name=self.spec.run.name,
                 dir=str(self.run_dir),
                 mode=os.environ.get("WANDB_MODE", "offline"),
-                config=self.spec.model_dump(mode="json"),
+                config=self.spec.public_dump(),
             )
         return self._run
 
@@ -179,7 +179,7 @@ class MlflowLogger:
             found = client.get_experiment_by_name(name)
             experiment_id = found.experiment_id if found else client.create_experiment(name)
             run = client.create_run(experiment_id, run_name=self.spec.run.name)
-            params = flat_params(self.spec.model_dump(mode="json"))
+            params = flat_params(self.spec.public_dump())
             client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
             self._client, self._run_id = client, run.info.run_id
         assert self._run_id is not None

@@ -224,6 +224,9 @@ class PoliciesSection(_Section):
         return check_name(value, ALLOCATION.names())
 
 
+SECRET_KEYS = (("live", "token"), ("live", "api_key"))  # never written to a file or tracker
+
+
 class RunSpec(_Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -256,8 +259,17 @@ class RunSpec(_Section):
             )
         return self
 
+    def public_dump(self) -> dict[str, Any]:
+        """The spec as plain data with its secrets (:data:`SECRET_KEYS`) set to None: what
+        result files, reports and trackers record."""
+        data = self.model_dump(mode="json")
+        for section, key in SECRET_KEYS:
+            data[section][key] = None
+        return data
+
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """The resolved spec as YAML, secrets left out (:meth:`public_dump`)."""
+        return yaml.safe_dump(self.public_dump(), sort_keys=False)
 
     @property
     def prompts_per_iteration(self) -> int:

@@ -22,7 +22,6 @@ import functools
 import logging
 import multiprocessing as mp
 import os
-import secrets
 from pathlib import Path
 
 from policies.build import mode_of
@@ -44,6 +43,8 @@ from runtime.live_run import (
 from runtime.procs import (
     ServerProcess,
     check_attached,
+    control_token,
+    inference_key,
     server_core_sets,
     split_cores,
     start_server,
@@ -99,7 +100,7 @@ def _run_processes(
 ) -> RunResult:
     """Start (or attach to) the servers and the trainer, run, stop what was started."""
     model_dir = model_dir_for(spec)
-    token = spec.live.token or secrets.token_hex(16)
+    token = control_token(spec.live)
     gen_cores, train_cores = split_cores(spec.live.num_servers, time_shared=_time_shared(spec))
     started: list[ServerProcess] = []
     trainer = TrainerProcess(
@@ -190,7 +191,7 @@ def _start_server(spec, model_dir, token, core_sets, out_dir, i: int) -> ServerP
     return start_server(
         i, model_dir, live.host, live.base_port + i, token, cores, live.kv_cache_gib,
         live.max_model_len, spec.cluster.generation[0].max_num_seqs, out_dir / "logs",
-        api_key=live.api_key, engine_nice=engine_nice(spec),
+        api_key=inference_key(live), engine_nice=engine_nice(spec),
     )  # fmt: skip
 
 

@@ -33,7 +33,7 @@ from runtime.cpu_timeline import CpuTimeline
 from runtime.gen_client import GenerationClient
 from runtime.history import resume_position
 from runtime.host_cpu import cpu_use_metrics, process_age_s, run_cpu_by_role, run_pids_by_role
-from runtime.procs import free_port
+from runtime.procs import free_port, inference_key
 from runtime.recorder import Recorder
 from runtime.run_dir import RunDir
 from runtime.supervisor import Servers
@@ -150,7 +150,9 @@ async def drive(
     log.info("joining the weight group (%s) with %d server(s)", backend, len(ids))
     await trainer.join_group([servers.addr(i) for i in ids], host, free_port(host), backend)
     clients = {
-        i: GenerationClient(i, servers.slots[i].base_url, spec.live.temperature, spec.live.api_key)
+        i: GenerationClient(
+            i, servers.slots[i].base_url, spec.live.temperature, inference_key(spec.live)
+        )
         for i in ids
     }
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from policies.live_section import LiveSection
 from runtime.errors import LiveRunError, ProcessDied, describe_exit
 from runtime.lifetime import die_with_parent, reap_forks_with_parent
 
@@ -170,6 +172,18 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"{describe_server(server)} not healthy after {timeout_s} s")
+
+
+def control_token(live: LiveSection) -> str:
+    """The run's control-route token: ``live.token``, else ``TANDEM_TOKEN`` (the way to
+    attach to ``tandem serve`` without the token on a command line or in spec.yaml), else a
+    fresh one for the servers the run starts."""
+    return live.token or os.environ.get("TANDEM_TOKEN") or secrets.token_hex(16)
+
+
+def inference_key(live: LiveSection) -> str | None:
+    """The servers' API key: ``live.api_key``, else ``TANDEM_API_KEY``, else none."""
+    return live.api_key or os.environ.get("TANDEM_API_KEY") or None
 
 
 def check_attached(urls: list[str], token: str | None, timeout_s: float = 5.0) -> None:

@@ -55,7 +55,7 @@ def describe(
                      "tandem": _version("tandem-rl"), "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "plan": asdict(plan),
-        "spec": spec.model_dump(mode="json"),
+        "spec": spec.public_dump(),
     }  # fmt: skip
 
 

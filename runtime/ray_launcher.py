@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import secrets
 from typing import Any
 
 from policies.protocols import LengthPredictor
@@ -31,6 +30,7 @@ from policies.results import RunResult
 from policies.spec import RunSpec
 from runtime.errors import LiveRunError
 from runtime.live_run import AfterStep, OnStep, drive, live_device, model_dir_for, trainer_config
+from runtime.procs import control_token, inference_key
 from runtime.ray_actors import ANSWERS_GROUP, ServerActor, ServerSettings, TrainerRank
 from runtime.ray_handles import RayServers, RayTrainerGroup
 from runtime.ray_placement import Bundle, RayPlan, ServerPlace, check_plan, label_datacenters, plan
@@ -148,7 +148,7 @@ class Placement:
 def _make(ray, spec, run_dir, placement: Placement) -> tuple[RayServers, RayTrainerGroup]:
     """The (not yet started) servers and trainer ranks, each on its bundle."""
     model_dir = model_dir_for(spec)
-    token = spec.live.token or secrets.token_hex(16)
+    token = control_token(spec.live)
     server_actor = ray.remote(ServerActor)
     rank_actor = ray.remote(concurrency_groups={ANSWERS_GROUP: 1})(TrainerRank)
 
@@ -177,5 +177,5 @@ def _settings(
         model_dir=model_dir, token=token, kv_cache_gib=live.kv_cache_gib,
         max_model_len=live.max_model_len, max_num_seqs=limits.max_num_seqs,
         log_dir=str(run_dir.path / "logs"), startup_timeout_s=live.startup_timeout_s,
-        api_key=live.api_key, cores_per_server=max(1, int(cpus)), engine_nice=live.engine_nice or 0,
+        api_key=inference_key(live), cores_per_server=max(1, int(cpus)), engine_nice=live.engine_nice or 0,
     )  # fmt: skip

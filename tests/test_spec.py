@@ -275,3 +275,27 @@ def test_config_path_finds_files_and_shipped_names(tmp_path):
     assert Path(config_path("streamrl-7b")).exists()
     with pytest.raises(SpecError):
         config_path("no-such-config")
+
+
+def test_saved_specs_leave_the_secrets_out_and_the_run_takes_them_from_the_environment(
+    monkeypatch,
+):
+    from runtime.procs import control_token, inference_key
+
+    spec = load_spec(config_path("live-tiny"), ["live.token=s3cret", "live.api_key=k3y"])
+    assert spec.live.token == "s3cret" and spec.live.api_key == "k3y"  # in memory, as given
+    saved = spec.to_yaml()
+    assert "s3cret" not in saved and "k3y" not in saved
+    again = RunSpec.model_validate(yaml.safe_load(saved))
+    assert again.live.token is None and again.live.api_key is None
+    assert again.model_dump(exclude={"live"}) == spec.model_dump(exclude={"live"})
+    assert control_token(spec.live) == "s3cret"
+    monkeypatch.setenv("TANDEM_TOKEN", "from-env")
+    monkeypatch.setenv("TANDEM_API_KEY", "key-env")
+    assert control_token(spec.live) == "s3cret" and inference_key(spec.live) == "k3y"
+    assert control_token(again.live) == "from-env" and inference_key(again.live) == "key-env"
+    monkeypatch.delenv("TANDEM_TOKEN")
+    monkeypatch.delenv("TANDEM_API_KEY")
+    fresh = control_token(again.live)
+    assert len(fresh) == 32 and fresh != control_token(again.live)  # a new one per run
+    assert inference_key(again.live) is None

@@ -138,6 +138,7 @@ def test_mlflow_logs_to_a_file_store_under_the_run_directory(tmp_path, monkeypat
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     spec = small_spec(run__iterations=2, run__tracking="mlflow", run__name="ml-check")
+    spec = spec.model_copy(update={"live": spec.live.model_copy(update={"token": "s3cret"})})
     with tracker_for(spec, tmp_path) as tracker:
         result = Simulation(spec).run(on_step=tracker)
         tracker.finish(result.metrics)
@@ -145,6 +146,8 @@ def test_mlflow_logs_to_a_file_store_under_the_run_directory(tmp_path, monkeypat
     (run,) = client.search_runs([client.get_experiment_by_name("tandem").experiment_id])
     assert run.info.run_name == "ml-check" and run.info.status == "FINISHED"
     assert run.data.params["pipeline.mode"] == "stream-async"
+    assert "s3cret" not in run.data.params.values()  # a secret is never tracked
+    assert "live.token" in run.data.params
     history = client.get_metric_history(run.info.run_id, "throughput/samples_per_s")
     assert sorted(m.step for m in history) == [0, 1]
     trained = run.data.metrics["summary/num_samples_trained"]

@@ -19,6 +19,7 @@ from proc_view import alive, descendants, wait_until
 from policies.results import CPU_METRICS, LIVE_METRICS, METRIC_NAMES
 from policies.spec import load_spec
 from runtime.checkpoints import kept_steps
+from runtime.errors import LiveRunError
 from runtime.launcher import run_live
 
 pytestmark = pytest.mark.live
@@ -84,6 +85,19 @@ def test_run_live_writes_results_with_versions(server, token, tmp_path, mode):
     assert {"decode", "train", "weight_sync"} <= kinds
     if mode == "colocated-sync":
         assert "context_switch" in kinds
+    saved = (tmp_path / "spec.yaml").read_text()  # the resolved spec, without its secret
+    assert token not in saved and load_spec(tmp_path / "spec.yaml").live.token is None
+
+
+def test_a_run_attaches_with_the_token_of_tandem_token(server, token, tmp_path, monkeypatch):
+    """``TANDEM_TOKEN`` instead of ``live.token``: the token on no command line or file."""
+    overrides = [o for o in _overrides(server, token, "disagg-sync", 1) if "token" not in o]
+    monkeypatch.setenv("TANDEM_TOKEN", token)
+    run_live(load_spec(CONFIG, overrides), tmp_path)
+    assert json.loads((tmp_path / "metrics.json").read_text())["num_samples_trained"] == 16
+    monkeypatch.setenv("TANDEM_TOKEN", "not-" + token)
+    with pytest.raises(LiveRunError, match=r"refused the run's token \(403"):
+        run_live(load_spec(CONFIG, overrides), tmp_path / "wrong")
 
 
 def test_stream_async_with_overlap_starts_a_batch_before_the_last_one_ends(server, token, tmp_path):
