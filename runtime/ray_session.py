@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from types import ModuleType
@@ -46,11 +47,33 @@ def ray_session(address: str, num_cpus: int | None = None) -> Iterator[ModuleTyp
             if address == LOCAL_RAY:
                 start_local_ray(num_cpus)
             else:
-                with loopback_stays_loopback(_is_loopback(address)):
-                    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+                connect(ray, address)
         yield ray
     finally:
         ray.shutdown()
+
+
+def connect(ray: ModuleType, address: str) -> None:
+    """``ray.init`` on the cluster at ``address``; a ``ValueError`` naming ``--ray`` at once
+    where no cluster answers (Ray itself retries a dead ``host:port`` for minutes)."""
+    hint = (
+        "start one (ray start --head), or give --ray without an address for a Ray "
+        "instance of the command's own"
+    )
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and "://" not in address:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
+        except OSError as err:
+            raise ValueError(
+                f"--ray {address}: no Ray cluster answers there ({err}); {hint}"
+            ) from None
+    with loopback_stays_loopback(_is_loopback(address)):
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        except ConnectionError as err:
+            found = str(err).split(". ")[0]
+            raise ValueError(f"--ray {address}: {found}; {hint}") from None
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:
