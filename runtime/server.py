@@ -37,6 +37,7 @@ from starlette.middleware import Middleware
 
 from runtime.batch_gen import BatchBody, BatchGenerator
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
+from runtime.cpu_seed_rewind import SEED_REWIND_ENV
 from runtime.direct_load import DIRECT_ENV
 from runtime.guard import Guard, GuardPolicy
 from runtime.host_cpu import descendants
@@ -320,6 +321,7 @@ def serve_main(
     os.environ[SPIN_ENV] = str(engine_spin_ms)  # read by the plugin in each engine process
     # the plugin keeps kernel weights for direct loads (TANDEM_DIRECT_LOAD=0: vLLM's reload)
     os.environ.setdefault(DIRECT_ENV, "1")
+    os.environ.setdefault(SEED_REWIND_ENV, "1")  # seeded chunked prefills on vLLM-CPU
     reap_forks_with_parent()  # before vLLM forks its engine core and worker
     args = vllm_args(model_dir, host, port, max_model_len, max_num_seqs)
     asyncio.run(_serve(args, policy))

@@ -18,7 +18,9 @@ same environment is left as it is.
 
 The same servers set ``TANDEM_DIRECT_LOAD=1``: the plugin then has vLLM's CPU linear
 layers keep their plain weights beside their kernel handles, so that a weight push can be
-copied in place instead of reloaded layer by layer (runtime/direct_load.py).
+copied in place instead of reloaded layer by layer (runtime/direct_load.py), and
+``TANDEM_CPU_SEED_REWIND=1``: a seeded request whose prompt is prefilled in chunks no
+longer kills a CPU engine (runtime/cpu_seed_rewind.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from runtime.cpu_seed_rewind import rewind_seeded_chunks, seed_rewind_from_env
 from runtime.direct_load import direct_load_from_env, keep_linear_weights
 
 SPIN_ENV = "TANDEM_ENGINE_SPIN_MS"
@@ -77,3 +80,5 @@ def register() -> None:
         set_reader_spin(spin_s)
     if direct_load_from_env():
         keep_linear_weights()
+    if seed_rewind_from_env():
+        rewind_seeded_chunks()
