@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from experiments.arg_types import non_negative_int, positive_float, positive_int
 from policies.spec import RunSpec
 
 
@@ -26,10 +27,12 @@ def add_advise_parser(
     )
     with_spec(p, None)
     p.add_argument("--out", required=True, help="directory for best.yaml, advice.md, pareto.*")
-    p.add_argument("--budget-s", type=float, default=60.0, help="wall-time budget (default 60)")
+    p.add_argument(
+        "--budget-s", type=positive_float, default=60.0, help="wall-time budget (default 60)"
+    )
     p.add_argument(
         "--max-staleness",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="largest staleness bound allowed (default: the input spec's own)",
     )
@@ -39,7 +42,9 @@ def add_advise_parser(
         default="throughput",
         help="what to maximise: samples/s, or samples/s per unit of GPU cost",
     )
-    p.add_argument("--workers", type=int, default=2, help="simulation processes (default 2)")
+    p.add_argument(
+        "--workers", type=positive_int, default=2, help="simulation processes (default 2)"
+    )
     p.add_argument(
         "--axis",
         action="append",
@@ -50,13 +55,13 @@ def add_advise_parser(
     )
     p.add_argument(
         "--live-check",
-        type=int,
+        type=non_negative_int,
         default=0,
         metavar="N",
         help="then run the top N and the input spec live (paired seeds) and compare orders",
     )
     p.add_argument(
-        "--live-repeats", type=int, default=3, help="live check: seeds per configuration"
+        "--live-repeats", type=positive_int, default=3, help="live check: seeds per configuration"
     )
     p.set_defaults(func=handler)
 

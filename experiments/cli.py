@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from experiments.advise_cmd import add_advise_parser
+from experiments.arg_types import positive_int
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
 from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_module
@@ -264,13 +265,13 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--iterations",
         "--steps",
-        type=int,
+        type=positive_int,
         default=None,
         help="iterations per mode (default: 10 sim, 20 live and peers)",
     )
     bench.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         default=3,
         help="live, peers: rounds of every mode (seeds run.seed + r)",
     )
@@ -284,7 +285,9 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
     repro.add_argument("study", choices=["streamrl", "pipelinerl"], help="the paper's study")
     repro.add_argument("--quick", action="store_true", help="fewer iterations and points (≤ 60 s)")
     repro.add_argument("--out", help="report directory (default: runs/reproduce-STUDY)")
-    repro.add_argument("--workers", type=int, default=2, help="parallel simulation processes")
+    repro.add_argument(
+        "--workers", type=positive_int, default=2, help="parallel simulation processes"
+    )
     repro.set_defaults(func=cmd_reproduce)
 
     ranker = sub.add_parser("ranker", help="the output-length ranker: fit and evaluate")

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from experiments.arg_types import positive_int
 from experiments.guards import check_out_dir
 from experiments.progress import RunProgress
 from experiments.serve_cmd import add_serve_parser
@@ -131,7 +132,10 @@ def add_live_commands(
     fid.add_argument("--profile", help="profile directory (calibrated into OUT/cost-model)")
     fid.add_argument("--cost-model", help="directory of an existing cost_model.json")
     fid.add_argument(
-        "--repeats", type=int, default=1, help="live runs per case (seeds run.seed + r); medians"
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="live runs per case (seeds run.seed + r); medians",
     )
     fid.add_argument("--out", required=True, help="report directory")
     fid.add_argument(
@@ -191,6 +195,6 @@ def add_engine_commands(
     )
     effects.add_argument("--cost-model", required=True, help="a `tandem calibrate` directory")
     effects.add_argument("--out", required=True, help="report directory")
-    effects.add_argument("--seeds", type=int, default=3, help="paired seeds (workloads)")
-    effects.add_argument("--requests", type=int, default=96, help="requests per workload")
+    effects.add_argument("--seeds", type=positive_int, default=3, help="paired seeds (workloads)")
+    effects.add_argument("--requests", type=positive_int, default=96, help="requests per workload")
     effects.set_defaults(func=bind(cmd_policy_effects))

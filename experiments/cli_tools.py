@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from experiments.arg_types import non_negative_int
 from experiments.specs import config_path
 from policies.spec import load_spec
 
@@ -86,7 +87,7 @@ def add_tool_commands(
     export.add_argument("--out", required=True, help="model directory to write (new or empty)")
     export.add_argument(
         "--step",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="global optimizer step to export, as in steps.json (default: the last "
         "checkpoint; earlier ones are kept as set by live.keep_checkpoints)",

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from experiments.arg_types import non_negative_int, share
 from experiments.bench_peers import (
     DEFAULT_MODES,
     DEFAULT_ROUNDS,
@@ -93,11 +94,11 @@ def add_peers_options(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--out", default=None, help="peers: result directory "
                        "(default: runs/bench-peers-TIME)")  # fmt: skip
     bench.add_argument(
-        "--max-other-load", type=float, default=MAX_OTHER_SHARE, metavar="SHARE",
+        "--max-other-load", type=share, default=MAX_OTHER_SHARE, metavar="SHARE",
         help="peers: reject a round in which other processes took more than this share of "
         f"the CPU during any run (default {MAX_OTHER_SHARE})",
     )  # fmt: skip
     bench.add_argument(
-        "--max-reruns", type=int, default=2,
+        "--max-reruns", type=non_negative_int, default=2,
         help="peers: rejected rounds run again, at most (default 2)",
     )  # fmt: skip

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from experiments.arg_types import port
+
 
 def add_serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="a vLLM generation server with the PipelineRL routes")
@@ -16,7 +18,7 @@ def add_serve_parser(sub: Any) -> None:
         "model_dir", help="Hugging Face model directory (tandem model path, tandem export --out)"
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8400, help="port (default 8400)")
+    serve.add_argument("--port", type=port, default=8400, help="port (default 8400)")
     serve.add_argument(
         "--token", default=None, help="bearer token of the control routes (or TANDEM_TOKEN)"
     )

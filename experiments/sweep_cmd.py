@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from experiments.arg_types import positive_float, positive_int
 from experiments.guards import check_out_dir
 from policies.spec import RunSpec
 from runtime.ray_session import LOCAL_RAY
@@ -33,7 +34,7 @@ def add_sweep_parser(
     )
     sweep.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=None,
         help="simulation processes (default 2); with --ray, the CPUs of the Ray instance it "
         "starts (default: this machine's cores), or the most points at once on a cluster",
@@ -50,7 +51,7 @@ def add_sweep_parser(
     )
     sweep.add_argument(
         "--point-timeout",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="S",
         help="seconds a point may take before it is stopped and recorded as failed",

@@ -275,3 +275,28 @@ def test_attached_servers_are_checked_for_health_the_token_and_the_control_route
         with pytest.raises(LiveRunError, match=r"server_urls\[0\] .*/plain has no /init_process"):
             check_attached([url + "/plain"], "right")
         server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["sweep", "streamrl-7b", "--grid", "run.seed=1,2", "--workers", "0"],
+         "argument --workers: expected an integer >= 1, got 0"),
+        (["sweep", "streamrl-7b", "--grid", "run.seed=1,2", "--point-timeout", "-1"],
+         "argument --point-timeout: expected a number > 0, got -1"),
+        (["advise", "streamrl-7b", "--budget-s", "0"], "argument --budget-s: expected a number > 0"),
+        (["bench", "peers", "--rounds", "two"], "argument --rounds: expected an integer >= 1, got 'two'"),
+        (["bench", "peers", "--max-other-load", "1.5"], "expected a number >= 0 and <= 1, got 1.5"),
+        (["reproduce", "streamrl", "--workers", "-2"], "argument --workers: expected an integer >= 1"),
+        (["serve", "/tmp", "--port", "0"], "argument --port: expected an integer >= 1 and <= 65535"),
+    ],
+)  # fmt: skip
+def test_a_count_or_time_out_of_range_is_refused_by_the_parser_naming_the_option(
+    tmp_path, capsys, no_simulation, args, says
+):
+    """Before: --workers 0 ran with the default, --point-timeout -1 failed every point."""
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--out", str(tmp_path / "out")] if args[0] != "serve" else args)
+    assert stop.value.code == 2
+    assert says in _flat(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,34 @@
+"""Argument types of the command line that refuse a value out of range by name
+(``tandem sweep: error: argument --workers: expected an integer >= 1, got 0``), where a
+plain ``int`` let ``--workers 0`` fall back to the default or ``--point-timeout -1`` fail
+every point."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def _bounded(kind: type, low: float, strict: bool, high: float | None = None) -> Callable:
+    noun = "an integer" if kind is int else "a number"
+    above = f"> {low:g}" if strict else f">= {low:g}"
+    expected = f"{noun} {above}" + (f" and <= {high:g}" if high is not None else "")
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if (value <= low if strict else value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    parse.__name__ = f"{kind.__name__} {above}"  # how argparse names the type
+    return parse
+
+
+positive_int = _bounded(int, 1, strict=False)
+non_negative_int = _bounded(int, 0, strict=False)
+positive_float = _bounded(float, 0, strict=True)
+share = _bounded(float, 0, strict=False, high=1)  # a fraction, 0..1
+port = _bounded(int, 1, strict=False, high=65535)
