@@ -150,7 +150,7 @@ class Actor:
         """Drive the controller to ``Finish``; returns the run's end time (seconds)."""
         if not self._t0:
             self.start_clock()
-        trainer_task = asyncio.create_task(self._trainer_loop())
+        self.spawn(self._trainer_loop())
         self.spawn(self.faults.watch())
         try:
             await self._execute(self.controller.handle(Start(self.now())))
@@ -164,7 +164,6 @@ class Actor:
                 await self._execute(self.controller.handle(event))
             return self.now()
         finally:
-            trainer_task.cancel()
             for t in list(self._tasks):
                 t.cancel()
 
@@ -194,9 +193,15 @@ class Actor:
                 raise ValueError(f"the live runtime cannot execute {type(cmd).__name__}")
 
     def spawn(self, coro) -> None:
+        """Run ``coro`` beside the loop; an error it raises stops the run (``Failed``)."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._spawned_done)
+
+    def _spawned_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._events.put_nowait(Failed(task.exception()))
 
     # -- generation -----------------------------------------------------------------------
 
@@ -233,8 +238,6 @@ class Actor:
             again = await self.faults.stream_failed(instance_id, err, requests, attempt)
             if again:
                 await self._generate(instance_id, again, dispatch_s, attempt + 1)
-        except Exception as err:
-            self._events.put_nowait(Failed(err))
 
     def update_idle(self) -> None:
         """Set while no request runs on any server (before the sample's event: a push
@@ -271,13 +274,8 @@ class Actor:
     # -- training and weights (one job at a time, in command order; pushes go first) -------
 
     async def _trainer_loop(self) -> None:
-        while True:
-            job = await self._jobs.get()
-            try:
-                await job()
-            except Exception as err:
-                self._events.put_nowait(Failed(err))
-                return
+        while True:  # a job's error ends the loop and the run (spawn)
+            await (await self._jobs.get())()
 
     async def _train(self, cmd: TrainSamples) -> None:
         step = self._global(cmd.step)

@@ -14,6 +14,10 @@ class ProcessDied(LiveRunError):
     """A process of the run (trainer, generation server) exited while it was needed."""
 
 
+class NonFiniteGradient(LiveRunError):
+    """An optimizer step's gradient was NaN or infinite: the step was not applied."""
+
+
 def describe_exit(returncode: int | None) -> str:
     """``killed by SIGKILL`` / ``exited with status 1`` / ``still running``."""
     if returncode is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import os
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import torch
 
 from policies.records import StepStats
 from policies.results import write_atomic
+from runtime.errors import NonFiniteGradient
 from runtime.loss import clip_fraction, effective_sample_size, rl_loss
 from runtime.packing import packed_logprobs
 from runtime.weight_sync import WeightSender, params_meta
@@ -243,7 +245,14 @@ class Trainer:
             for p in self.model.parameters():
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.zeros_like(p)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2
+        if not math.isfinite(norm):  # NaN weights would be pushed, served and checkpointed
+            raise NonFiniteGradient(
+                f"trainer step {step}: the gradient norm is {norm}; the step was not applied, "
+                f"the weights stay those of version {self.version} and the last checkpoint is "
+                "intact (a lower algorithm.learning_rate may help)"
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version = step + 1

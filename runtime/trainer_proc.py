@@ -42,7 +42,7 @@ import httpx
 from policies.records import StepStats
 from runtime.checkpoints import CheckpointWriter, keep_step, readable
 from runtime.core_loan import CoreLoan
-from runtime.errors import ProcessDied, describe_exit
+from runtime.errors import LiveRunError, ProcessDied, describe_exit
 from runtime.fan_out import ServerAddr, answers, fan_out, join_answers
 from runtime.http_pool import POOL_LIMITS
 from runtime.procs import die_with_parent
@@ -214,9 +214,8 @@ _CALLS = (
     "initialise", "join_group", "push_weights", "send_weights", "answers_ready", "push_answers",
     "train", "step", "checkpoint", "checksums",
 )  # fmt: skip
-# answered on a second pipe by a thread of their own, while the main thread trains: read
-# through the main pipe, the servers' answers waited for the micro-batch being trained
-# (up to ~0.2 s a push with long answers; docs/live-throughput.md)
+# answered on a second pipe by a thread of their own while the main thread trains (on the
+# main pipe they waited for the micro-batch in training, ~0.2 s; docs/live-throughput.md)
 _ANSWER_CALLS = ("answers_ready", "push_answers")
 
 
@@ -229,6 +228,8 @@ def _answer(conn, worker: TrainerWorker, names: tuple[str, ...]) -> bool:
     try:
         assert name in names, name
         conn.send((True, getattr(worker, name)(*args)))
+    except LiveRunError as err:  # says what went wrong and what to do: one line, no trace
+        conn.send((None, str(err)))
     except Exception as err:
         conn.send((False, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
     return True
@@ -247,8 +248,7 @@ def _serve_calls(
     die_with_parent(signal.SIGKILL, parent_pid)  # a killed launcher leaves no trainer
     if cores:
         os.sched_setaffinity(0, cores)
-    if nice:
-        os.nice(nice)
+    os.nice(nice)  # 0: as it is
     worker = TrainerWorker(config, loan=loan)
     serve(conn, answers_conn, worker)
     worker.close()  # the last checkpoint is complete before the process ends
@@ -381,6 +381,8 @@ class TrainerProcess:
                 f"trainer process (pid {self._proc.pid}) {describe_exit(self._proc.exitcode)} "
                 f"during {name}"
             ) from None
+        if ok is None:
+            raise LiveRunError(value)
         if not ok:
             raise RuntimeError(f"trainer {name} failed: {value}")
         return value

@@ -227,3 +227,17 @@ def test_the_ranker_orders_a_live_trace_of_the_tasks_on_a_later_epoch(server, to
     assert ranker.recall_5 >= min(0.80, history.recall_5 - 0.05)
     for metric in ("recall_20", "recall_10", "recall_5", "spearman", "kendall"):
         assert getattr(ranker, metric) > getattr(baseline, metric), metric
+
+
+def test_a_blown_up_gradient_stops_the_run_at_its_step_and_keeps_the_last_checkpoint(
+    server, token, tmp_path
+):
+    """A learning rate of 1e4: step 0's update makes step 1's gradient NaN. Before, that step
+    was applied, its push refused by the server as non-finite, and the run hung."""
+    overrides = _overrides(server, token, "disagg-sync", 4) + ["algorithm.learning_rate=1e4"]
+    start = time.monotonic()
+    with pytest.raises(LiveRunError, match=r"trainer step 1: the gradient norm is (nan|inf)"):
+        run_live(load_spec(CONFIG, overrides), tmp_path)
+    assert time.monotonic() - start < 120
+    assert kept_steps(tmp_path / "checkpoints") == [0]  # step 0's, whole
+    assert (tmp_path / "checkpoints" / "last.pt").exists()
