@@ -88,6 +88,9 @@ def run_live(
     run_dir = RunDir(Path(out_dir), ray_address)
     run_dir.prepare(spec, force_new_spec)  # before anything starts
     with run_log(run_dir.path):
+        if run_dir.finished(spec):
+            log.info("%s holds this run, finished: its results as they are", run_dir.path)
+            return RunResult.load(run_dir.path)
         if ray_address is not None:
             from runtime.ray_launcher import run_on_ray
 

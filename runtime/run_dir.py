@@ -100,6 +100,14 @@ class RunDir:
         if changes:
             self._keep_new(spec)
 
+    def finished(self, spec: RunSpec) -> bool:
+        """The run trained ``spec``'s every step and saved its results (a resume would
+        start every process only to find nothing to do)."""
+        steps, metrics = self.path / "steps.json", self.path / "metrics.json"
+        if readable(self.checkpoint) is None or not (steps.exists() and metrics.exists()):
+            return False
+        return len(json.loads(steps.read_text())) >= spec.run.iterations
+
     def _check_trainer_kind(self) -> None:
         """A run checkpointed by one trainer process resumes locally, a sharded one on Ray."""
         other = RunDir(self.path, None if self.ray_address is not None else "local")

@@ -241,3 +241,27 @@ def test_a_blown_up_gradient_stops_the_run_at_its_step_and_keeps_the_last_checkp
     assert time.monotonic() - start < 120
     assert kept_steps(tmp_path / "checkpoints") == [0]  # step 0's, whole
     assert (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+def test_a_finished_run_run_again_returns_its_results_without_starting_anything(
+    server, token, tmp_path, monkeypatch
+):
+    """Before: the second command started the servers and the trainer (~25 s) to find no
+    step left, and wrote the results again."""
+    import runtime.launcher
+
+    spec = load_spec(CONFIG, _overrides(server, token, "disagg-sync", 2))
+    first = run_live(spec, tmp_path)
+    saved = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != "run.log"}
+
+    def started(*args, **kwargs):
+        raise AssertionError("processes started for a finished run")
+
+    monkeypatch.setattr(runtime.launcher, "_run_processes", started)
+    again = run_live(spec, tmp_path)
+    assert again.metrics == first.metrics
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != "run.log"} == saved
+    assert "holds this run, finished" in (tmp_path / "run.log").read_text()
+    longer = load_spec(CONFIG, _overrides(server, token, "disagg-sync", 3))
+    with pytest.raises(AssertionError, match="processes started"):  # one step left: it runs
+        run_live(longer, tmp_path, force_new_spec=True)
