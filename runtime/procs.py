@@ -163,13 +163,21 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
             error = server_died(server, "during start-up")
             raise ProcessDied(f"{error}; its log ends:\n{tail}")
         try:
-            if httpx.get(server.base_url + "/health", timeout=2.0).status_code == 200:
-                logger.info(
-                    "server %d healthy after %.0f s", server.instance_id, time.monotonic() - start
-                )
-                return
+            health = httpx.get(server.base_url + "/health", timeout=2.0)
         except httpx.HTTPError:
-            pass
+            health = None
+        if health is not None and health.status_code == 200:
+            answered = _health_pid(health)
+            if answered != server.proc.pid:  # the port went to another process meanwhile
+                raise ValueError(
+                    f"{describe_server(server)}: the port is served by another process "
+                    f"(pid {answered}), so this server cannot bind it: another run started "
+                    "there meanwhile? choose another live.base_port"
+                )
+            logger.info(
+                "server %d healthy after %.0f s", server.instance_id, time.monotonic() - start
+            )
+            return
         time.sleep(0.5)
     raise TimeoutError(f"{describe_server(server)} not healthy after {timeout_s} s")
 
@@ -214,6 +222,15 @@ def check_attached(urls: list[str], token: str | None, timeout_s: float = 5.0) -
             raise LiveRunError(
                 f"{name} has no /init_process_group: not a tandem server (tandem serve)"
             )
+
+
+def _health_pid(health: httpx.Response) -> int | None:
+    """The pid a tandem server's ``/health`` gives (None from any other server)."""
+    try:
+        pid = health.json().get("pid")
+    except (ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None
 
 
 def group_alive(pgid: int) -> bool:

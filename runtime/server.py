@@ -103,6 +103,7 @@ class HealthResponse(_Body):
     num_updates: int
     last_pause_s: float | None
     pauses_for_updates: bool  # False: an update loads between two engine steps unpaused
+    pid: int  # the server's process: a launcher tells its own server from another's
 
 
 def control_router(control: ServerControl) -> APIRouter:
@@ -117,6 +118,7 @@ def control_router(control: ServerControl) -> APIRouter:
             num_updates=control.num_updates,
             last_pause_s=control.last_pause_s,
             pauses_for_updates=control.pauses,
+            pid=os.getpid(),
         )
         return JSONResponse(body.model_dump(), status_code=503 if control.stuck else 200)
 

@@ -300,3 +300,37 @@ def test_a_count_or_time_out_of_range_is_refused_by_the_parser_naming_the_option
     assert stop.value.code == 2
     assert says in _flat(capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_port_taken_by_another_server_while_ours_starts_is_named_not_taken_for_ours(tmp_path):
+    """Two runs on one live.base_port: the second's check passed while the first's server
+    was still starting. Its /health then answered from the first's server, and the run
+    failed on the token after a 60 s wait."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from runtime.procs import ServerProcess, wait_healthy
+
+    class Other(BaseHTTPRequestHandler):  # another run's tandem server on the port
+        def do_GET(self):  # noqa: N802 - the handler's name is http.server's
+            body = json.dumps({"status": "ok", "pid": 4242}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with ThreadingHTTPServer(("127.0.0.1", 0), Other) as other:
+            threading.Thread(target=other.serve_forever, daemon=True).start()
+            url = f"http://127.0.0.1:{other.server_address[1]}"
+            server = ServerProcess(0, url, ours, tmp_path / "server-0.log")
+            with pytest.raises(ValueError, match=r"served by another process \(pid 4242\)"):
+                wait_healthy(server, timeout_s=10)
+            other.shutdown()
+    finally:
+        ours.kill()
+        ours.wait()

@@ -252,7 +252,9 @@ def test_a_finished_run_run_again_returns_its_results_without_starting_anything(
 
     spec = load_spec(CONFIG, _overrides(server, token, "disagg-sync", 2))
     first = run_live(spec, tmp_path)
-    saved = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != "run.log"}
+    saved = {
+        p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != "run.log"
+    }
 
     def started(*args, **kwargs):
         raise AssertionError("processes started for a finished run")
@@ -260,7 +262,9 @@ def test_a_finished_run_run_again_returns_its_results_without_starting_anything(
     monkeypatch.setattr(runtime.launcher, "_run_processes", started)
     again = run_live(spec, tmp_path)
     assert again.metrics == first.metrics
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != "run.log"} == saved
+    assert {
+        p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != "run.log"
+    } == saved
     assert "holds this run, finished" in (tmp_path / "run.log").read_text()
     longer = load_spec(CONFIG, _overrides(server, token, "disagg-sync", 3))
     with pytest.raises(AssertionError, match="processes started"):  # one step left: it runs

@@ -70,9 +70,13 @@ def test_batch_route_streams_each_completion_with_ids_logprobs_and_versions(serv
     assert 400 <= bad.status_code < 500 and "max_tokens" in bad.text
 
 
-def test_inflight_update_lets_requests_finish_and_spans_both_versions(server, worker):
+def test_inflight_update_lets_requests_finish_and_spans_both_versions(
+    server, worker, server_process
+):
     # the uni executor runs one step at a time: updates load between steps, unpaused
-    assert httpx.get(server + "/health").json()["pauses_for_updates"] is False
+    health = httpx.get(server + "/health").json()
+    assert health["pauses_for_updates"] is False
+    assert health["pid"] == server_process.proc.pid  # how a launcher knows its own server
     version = int(httpx.get(server + "/health").json()["version"]) + 1
     _train_once(worker, version - 1)
     out: dict = {}
