@@ -15,6 +15,7 @@ import httpx
 class ServerAddr:
     base_url: str  # http://127.0.0.1:8400
     token: str | None
+    owner: str | None = None  # the run's id, sent when it joins (runtime.lease)
 
 
 def _post(

@@ -32,6 +32,7 @@ from policies.results import RunResult
 from policies.spec import RunSpec
 from runtime.core_loan import CoreLoan
 from runtime.errors import LiveRunError
+from runtime.lease import owner_of
 from runtime.live_run import (
     AfterStep,
     OnStep,
@@ -45,6 +46,7 @@ from runtime.procs import (
     check_attached,
     control_token,
     inference_key,
+    release_attached,
     server_core_sets,
     split_cores,
     start_server,
@@ -128,6 +130,8 @@ def _run_processes(
         for s in started:
             stop_server(s)
         servers.stop_all()  # restarted ones too
+        if spec.live.server_urls:  # attached: free for the next run at once (runtime.lease)
+            release_attached(spec.live.server_urls, token, servers.owner)
 
 
 def _time_shared(spec: RunSpec) -> bool:
@@ -176,16 +180,17 @@ def engine_nice(spec: RunSpec) -> int:
 
 def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
     """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
-    live = spec.live
+    live, owner = spec.live, owner_of(out_dir)
     if live.server_urls:
-        check_attached(live.server_urls, token)
-        return Servers([ServerSlot(i, u) for i, u in enumerate(live.server_urls)], token)
+        check_attached(live.server_urls, token, owner)
+        slots = [ServerSlot(i, u) for i, u in enumerate(live.server_urls)]
+        return Servers(slots, token, owner=owner)
     start = functools.partial(_start_server, spec, model_dir, token, core_sets, out_dir)
     started.extend(start(i) for i in range(live.num_servers))
     for s in started:
         wait_healthy(s, live.startup_timeout_s)
     slots = [ServerSlot(s.instance_id, s.base_url, s) for s in started]
-    return Servers(slots, token, start, live.startup_timeout_s, live.restart_servers)
+    return Servers(slots, token, start, live.startup_timeout_s, live.restart_servers, owner)
 
 
 def _start_server(spec, model_dir, token, core_sets, out_dir, i: int) -> ServerProcess:

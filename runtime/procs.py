@@ -167,7 +167,7 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
         except httpx.HTTPError:
             health = None
         if health is not None and health.status_code == 200:
-            answered = _health_pid(health)
+            answered = _health_json(health).get("pid")
             if answered != server.proc.pid:  # the port went to another process meanwhile
                 raise ValueError(
                     f"{describe_server(server)}: the port is served by another process "
@@ -194,24 +194,34 @@ def inference_key(live: LiveSection) -> str | None:
     return live.api_key or os.environ.get("TANDEM_API_KEY") or None
 
 
-def check_attached(urls: list[str], token: str | None, timeout_s: float = 5.0) -> None:
-    """Each server of ``live.server_urls`` answers ``/health`` and takes ``token`` on its
-    control routes, or a :class:`LiveRunError` naming the first that does not (before the
-    run waits on a weight group the server never joins). The token is tried with a GET of
+def check_attached(
+    urls: list[str], token: str | None, owner: str | None = None, timeout_s: float = 5.0
+) -> None:
+    """Each server of ``live.server_urls`` answers ``/health``, serves no other run than
+    ``owner`` (runtime.lease) and takes ``token`` on its control routes, or a
+    :class:`LiveRunError` naming the first that does not (before the run waits on a weight
+    group the server never joins). The token is tried with a GET of
     ``/init_process_group``: past the guard that POST route answers 405, at it 401/403."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     for i, url in enumerate(urls):
         base, name = url.rstrip("/"), f"live.server_urls[{i}] {url}"
         try:
-            health = httpx.get(base + "/health", timeout=timeout_s).status_code
+            health = httpx.get(base + "/health", timeout=timeout_s)
             control = httpx.get(base + "/init_process_group", headers=headers, timeout=timeout_s)
         except httpx.HTTPError as err:
             health, control = f"{type(err).__name__}: {err}", None
-        if health != 200 or control is None:
+        if control is None or health.status_code != 200:
             raise LiveRunError(
-                f"{name} does not answer /health ({health}); start it first (tandem serve "
-                "MODEL_DIR --port PORT --token SECRET) or drop the key to have the run start "
-                "its own servers"
+                f"{name} does not answer /health "
+                f"({health if control is None else health.status_code}); start it first "
+                "(tandem serve MODEL_DIR --port PORT --token SECRET) or drop the key to have "
+                "the run start its own servers"
+            )
+        held, free_in_s = _health_json(health).get("owner"), _health_json(health).get("free_in_s")
+        if held not in (None, owner) and (free_in_s or 0) > 0:
+            raise LiveRunError(
+                f"{name} serves another run (owner {held}; free when that run ends, or in "
+                f"{free_in_s:.0f} s if it died): give this run a server of its own"
             )
         if control.status_code in (401, 403):
             raise LiveRunError(
@@ -224,13 +234,26 @@ def check_attached(urls: list[str], token: str | None, timeout_s: float = 5.0) -
             )
 
 
-def _health_pid(health: httpx.Response) -> int | None:
-    """The pid a tandem server's ``/health`` gives (None from any other server)."""
+def release_attached(urls: list[str], token: str | None, owner: str | None) -> None:
+    """Tell each attached server that the run ``owner`` ended (``POST /release``), so that
+    the next run may join it at once; a server that does not answer is left to its lease."""
+    if owner is None:
+        return
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    for url in urls:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(
+                url.rstrip("/") + "/release", json={"owner": owner}, headers=headers, timeout=5.0
+            )
+
+
+def _health_json(health: httpx.Response) -> dict:
+    """A ``/health`` answer's body ({} where it is not tandem's JSON object)."""
     try:
-        pid = health.json().get("pid")
-    except (ValueError, AttributeError):
-        return None
-    return pid if isinstance(pid, int) else None
+        body = health.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def group_alive(pgid: int) -> bool:

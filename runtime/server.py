@@ -3,7 +3,8 @@
 vLLM builds the app (``/v1/completions``, ``/v1/chat/completions``, ... on an
 ``AsyncLLM`` engine); this module mounts on it:
 
-* ``POST /init_process_group`` — join the trainer's weight-broadcast group;
+* ``POST /init_process_group`` — join the trainer's weight-broadcast group (one run at a
+  time: :mod:`runtime.lease`; ``POST /release`` frees the server at the run's end);
 * ``POST /request_weight_update`` — pause (keep), receive and load, resume; answers when
   loaded (see :mod:`runtime.control`);
 * ``GET /health`` — replaces vLLM's, adding the served weight version;
@@ -42,6 +43,7 @@ from runtime.direct_load import DIRECT_ENV
 from runtime.guard import Guard, GuardPolicy
 from runtime.host_cpu import descendants
 from runtime.http_pool import SERVER_KEEP_ALIVE_S
+from runtime.lease import LeaseHeld, RunLease, lease_s_from_env
 from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
 from runtime.vllm_plugin import SPIN_ENV
 from runtime.weight_sync import BucketDigest, ParamMeta
@@ -63,6 +65,11 @@ class InitGroupBody(_Body):
     world_size: int = Field(ge=2)
     backend: str = Field("gloo", pattern="^(gloo|nccl)$")
     timeout_s: float = Field(60.0, gt=0)
+    owner: str | None = Field(None, max_length=64, description="the run's id (runtime.lease)")
+
+
+class ReleaseBody(_Body):
+    owner: str = Field(max_length=64)
 
 
 class ParamBody(_Body):
@@ -104,10 +111,13 @@ class HealthResponse(_Body):
     last_pause_s: float | None
     pauses_for_updates: bool  # False: an update loads between two engine steps unpaused
     pid: int  # the server's process: a launcher tells its own server from another's
+    owner: str | None  # the run this server serves (runtime.lease); None: free
+    free_in_s: float  # until another run may join
 
 
-def control_router(control: ServerControl) -> APIRouter:
-    """The contract's routes (the :class:`runtime.guard.Guard` in front checks tokens)."""
+def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
+    """The contract's routes (the :class:`runtime.guard.Guard` in front checks tokens);
+    ``lease``: one run at a time (runtime.lease)."""
     router = APIRouter()
 
     @router.get("/health")
@@ -119,6 +129,8 @@ def control_router(control: ServerControl) -> APIRouter:
             last_pause_s=control.last_pause_s,
             pauses_for_updates=control.pauses,
             pid=os.getpid(),
+            owner=lease.owner,
+            free_in_s=lease.free_in_s(),
         )
         return JSONResponse(body.model_dump(), status_code=503 if control.stuck else 200)
 
@@ -127,18 +139,22 @@ def control_router(control: ServerControl) -> APIRouter:
         if body.rank >= body.world_size:
             raise HTTPException(400, f"rank: {body.rank} must be < world_size {body.world_size}")
         try:
+            lease.claim(body.owner)
             await control.join_group(
                 body.master_addr, body.master_port, body.rank, body.world_size, body.backend,
                 body.timeout_s,
             )  # fmt: skip
         except UpdateRejected as err:
             raise HTTPException(err.status, str(err)) from None
+        except LeaseHeld as err:
+            raise HTTPException(409, str(err)) from None
         except Exception as err:  # the trainer never came (timeout), wrong address...
             raise HTTPException(504, f"joining the weight group failed: {err}") from None
         return {"joined": True, "rank": body.rank}
 
     @router.post("/request_weight_update")
     async def request_weight_update(body: WeightUpdateBody) -> UpdateResponse:
+        lease.renew()
         metas = [ParamMeta(p.name, tuple(p.shape), p.dtype) for p in body.params]
         digests = [BucketDigest(**b.model_dump()) for b in body.buckets or []]
         try:
@@ -158,7 +174,12 @@ def control_router(control: ServerControl) -> APIRouter:
 
     @router.post("/v1/tandem/generate")
     async def tandem_generate(body: BatchBody) -> StreamingResponse:
+        lease.renew()
         return StreamingResponse(batch.stream(body), media_type="application/x-ndjson")
+
+    @router.post("/release")
+    async def release(body: ReleaseBody) -> dict:
+        return {"released": lease.release(body.owner)}
 
     @router.get("/weights/checksums")
     async def checksums() -> dict:
@@ -193,7 +214,7 @@ class VersionHeaders:
 
 def mount_contract(app: FastAPI, control: ServerControl, policy: GuardPolicy) -> None:
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
-    app.include_router(control_router(control))
+    app.include_router(control_router(control, RunLease(lease_s_from_env())))
     # vLLM has already built the middleware stack: add ours and let Starlette rebuild it;
     # the guard goes first (outermost): nothing is read before it has checked
     app.user_middleware.insert(0, Middleware(VersionHeaders, control=control))

@@ -37,10 +37,11 @@ class Servers:
     def __init__(
         self, slots: list[ServerSlot], token: str | None,
         start: Callable[[int], ServerProcess] | None = None, startup_timeout_s: float = 300.0,
-        restarts: bool = False,
+        restarts: bool = False, owner: str | None = None,
     ) -> None:  # fmt: skip
         self.slots = {s.instance_id: s for s in slots}
         self.token = token
+        self.owner = owner  # the run's id, which it joins the servers with (runtime.lease)
         self._start = start  # None: servers the run attached to (none can be started)
         self._restarts = restarts
         self.startup_timeout_s = startup_timeout_s
@@ -54,7 +55,7 @@ class Servers:
         return self._start is not None
 
     def addr(self, instance_id: int) -> ServerAddr:
-        return ServerAddr(self.slots[instance_id].base_url, self.token)
+        return ServerAddr(self.slots[instance_id].base_url, self.token, self.owner)
 
     def describe(self, instance_id: int) -> str:
         slot = self.slots[instance_id]

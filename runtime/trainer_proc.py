@@ -97,8 +97,8 @@ class TrainerWorker:
         world = len(servers) + 1
         bodies = [
             {"master_addr": host, "master_port": port, "rank": i + 1, "world_size": world,
-             "backend": backend, "timeout_s": JOIN_TIMEOUT_S}
-            for i in range(len(servers))
+             "backend": backend, "timeout_s": JOIN_TIMEOUT_S, "owner": s.owner}
+            for i, s in enumerate(servers)
         ]  # fmt: skip
         threads, out = fan_out(
             self.http, servers, "/init_process_group", bodies, JOIN_TIMEOUT_S + 30

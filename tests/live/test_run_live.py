@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -269,3 +270,27 @@ def test_a_finished_run_run_again_returns_its_results_without_starting_anything(
     longer = load_spec(CONFIG, _overrides(server, token, "disagg-sync", 3))
     with pytest.raises(AssertionError, match="processes started"):  # one step left: it runs
         run_live(longer, tmp_path, force_new_spec=True)
+
+
+def test_a_second_run_is_refused_a_server_another_run_holds_and_gets_it_when_that_ends(
+    server, token, tmp_path
+):
+    """runtime.lease: before, both runs joined the server's weight group and pushed; each
+    trained partly on samples of the other's weights (mean staleness -2.4) and exited 0."""
+    first = load_spec(CONFIG, _overrides(server, token, "disagg-sync", 3))
+    second = load_spec(CONFIG, _overrides(server, token, "disagg-sync", 1))
+    refusals: list[str] = []
+
+    async def meanwhile(step: int) -> None:
+        if step == 1:  # the first run holds the server: the second is refused at once
+            with pytest.raises(LiveRunError) as refused:
+                await asyncio.to_thread(run_live, second, tmp_path / "second")
+            refusals.append(str(refused.value))
+
+    run_live(first, tmp_path / "first", after_step=meanwhile)
+    assert len(refusals) == 1 and f"live.server_urls[0] {server} serves another run" in refusals[0]
+    assert not (tmp_path / "second" / "metrics.json").exists()
+    run_live(second, tmp_path / "second")  # released at the first run's end: the server is free
+    assert (
+        json.loads((tmp_path / "second" / "metrics.json").read_text())["num_samples_trained"] == 16
+    )
