@@ -5,10 +5,13 @@ trainer's weight-group calls, :mod:`runtime.trainer_proc`)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from runtime.errors import LiveRunError
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +62,42 @@ def answers(threads: list[threading.Thread], out: list, route: str) -> list[dict
         else:
             results.append(r.json())
     return results
+
+
+def join_unless_refused(
+    work: Callable[[], None], threads: list[threading.Thread], out: list, route: str
+) -> None:
+    """Run ``work``, a rendezvous that the servers just posted ``route`` to (:func:`fan_out`)
+    must join too (the weight group), then read their answers. A server that answers with
+    an error first, and so will not join, ends the wait at once with a
+    :class:`LiveRunError` naming it (``work`` is left to its own timeout); before, the
+    trainer waited out the rendezvous (60 s) and raised a traceback."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:  # noqa: BLE001 - raised in the caller's thread
+            failed.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.05)
+        _raise_refusal(out, route)
+    if failed:  # the rendezvous failed: a server's answer says why, where it has one
+        for t in threads:
+            t.join()
+        _raise_refusal(out, route)
+        raise failed[0]
+    join_answers(threads, out, route)
+
+
+def _raise_refusal(out: list, route: str) -> None:
+    for i, r in enumerate(out):
+        if isinstance(r, Exception) or (r is not None and r.status_code != 200):
+            reason = answers([], [r], route)[0]
+            raise LiveRunError(f"generation server {i} did not join the weight group: {reason}")
 
 
 def join_answers(threads: list[threading.Thread], out: list, route: str) -> list[dict]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -43,7 +44,7 @@ from policies.records import StepStats
 from runtime.checkpoints import CheckpointWriter, keep_step, readable
 from runtime.core_loan import CoreLoan
 from runtime.errors import LiveRunError, ProcessDied, describe_exit
-from runtime.fan_out import ServerAddr, answers, fan_out, join_answers
+from runtime.fan_out import ServerAddr, answers, fan_out, join_unless_refused
 from runtime.http_pool import POOL_LIMITS
 from runtime.procs import die_with_parent
 from runtime.recorder import DataPosition
@@ -103,10 +104,8 @@ class TrainerWorker:
         threads, out = fan_out(
             self.http, servers, "/init_process_group", bodies, JOIN_TIMEOUT_S + 30
         )
-        try:
-            self.trainer.sender.join(host, port, world, backend, JOIN_TIMEOUT_S)
-        finally:
-            join_answers(threads, out, "/init_process_group")
+        join = functools.partial(self.trainer.sender.join, host, port, world, backend)
+        join_unless_refused(lambda: join(JOIN_TIMEOUT_S), threads, out, "/init_process_group")
 
     def gather_weights(self) -> int:
         """Collective on a sharded trainer: gather the full weights onto rank 0 for the
