@@ -182,7 +182,7 @@ def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
     """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
     live, owner = spec.live, owner_of(out_dir)
     if live.server_urls:
-        check_attached(live.server_urls, token, owner)
+        check_attached(live.server_urls, token, owner, inference_key(live))
         slots = [ServerSlot(i, u) for i, u in enumerate(live.server_urls)]
         return Servers(slots, token, owner=owner)
     start = functools.partial(_start_server, spec, model_dir, token, core_sets, out_dir)

@@ -195,19 +195,23 @@ def inference_key(live: LiveSection) -> str | None:
 
 
 def check_attached(
-    urls: list[str], token: str | None, owner: str | None = None, timeout_s: float = 5.0
-) -> None:
+    urls: list[str], token: str | None, owner: str | None = None, api_key: str | None = None,
+    timeout_s: float = 5.0,
+) -> None:  # fmt: skip
     """Each server of ``live.server_urls`` answers ``/health``, serves no other run than
-    ``owner`` (runtime.lease) and takes ``token`` on its control routes, or a
-    :class:`LiveRunError` naming the first that does not (before the run waits on a weight
-    group the server never joins). The token is tried with a GET of
-    ``/init_process_group``: past the guard that POST route answers 405, at it 401/403."""
+    ``owner`` (runtime.lease), takes ``token`` on its control routes and ``api_key`` on its
+    inference routes, or a :class:`LiveRunError` naming the first that does not (before
+    the run waits on a weight group the server never joins). The token is tried with a GET
+    of ``/init_process_group``: past the guard that POST route answers 405, at it 401/403;
+    the API key with ``GET /v1/models``."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    key = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     for i, url in enumerate(urls):
         base, name = url.rstrip("/"), f"live.server_urls[{i}] {url}"
         try:
             health = httpx.get(base + "/health", timeout=timeout_s)
             control = httpx.get(base + "/init_process_group", headers=headers, timeout=timeout_s)
+            models = httpx.get(base + "/v1/models", headers=key, timeout=timeout_s).status_code
         except httpx.HTTPError as err:
             health, control = f"{type(err).__name__}: {err}", None
         if control is None or health.status_code != 200:
@@ -231,6 +235,11 @@ def check_attached(
         if control.status_code == 404:
             raise LiveRunError(
                 f"{name} has no /init_process_group: not a tandem server (tandem serve)"
+            )
+        if models in (401, 403):
+            raise LiveRunError(
+                f"{name} refused the run's API key ({models}); set live.api_key (or "
+                "TANDEM_API_KEY) to the key the server was started with (--api-key)"
             )
 
 

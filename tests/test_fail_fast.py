@@ -236,7 +236,7 @@ def test_an_attached_server_that_does_not_answer_is_named_before_the_run_waits_o
     assert not (out / "metrics.json").exists()
 
 
-def test_attached_servers_are_checked_for_health_the_token_and_the_control_routes():
+def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_key():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -250,6 +250,8 @@ def test_attached_servers_are_checked_for_health_the_token_and_the_control_route
                 status = 503
             elif path == "/health":
                 status = 200
+            elif path == "/v1/models":  # an inference route: the API key
+                status = 200 if self.headers.get("Authorization") == "Bearer key" else 401
             elif self.path.startswith("/plain"):
                 status = 404  # a server without tandem's routes
             elif self.headers.get("Authorization") != "Bearer right":
@@ -265,15 +267,19 @@ def test_attached_servers_are_checked_for_health_the_token_and_the_control_route
     with ThreadingHTTPServer(("127.0.0.1", 0), Server) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        check_attached([url, url + "/"], "right")
+        check_attached([url, url + "/"], "right", api_key="key")
+        with pytest.raises(
+            LiveRunError, match=r"server_urls\[0\] .* refused the run's API key \(401"
+        ):
+            check_attached([url], "right", api_key=None)
         with pytest.raises(LiveRunError, match=r"server_urls\[1\] .*/sick does not answer.*503"):
-            check_attached([url, url + "/sick"], "right")
+            check_attached([url, url + "/sick"], "right", api_key="key")
         with pytest.raises(
             LiveRunError, match=r"server_urls\[0\] .* refused the run's token \(403"
         ):
-            check_attached([url], "wrong")
+            check_attached([url], "wrong", api_key="key")
         with pytest.raises(LiveRunError, match=r"server_urls\[0\] .*/plain has no /init_process"):
-            check_attached([url + "/plain"], "right")
+            check_attached([url + "/plain"], "right", api_key="key")
         server.shutdown()
 
 
