@@ -30,6 +30,7 @@ from policies.protocols import LengthPredictor
 from policies.records import InflightHandling
 from policies.results import RunResult
 from policies.spec import RunSpec
+from runtime.attach import check_attached, control_token, inference_key, release_attached
 from runtime.core_loan import CoreLoan
 from runtime.errors import LiveRunError
 from runtime.lease import owner_of
@@ -43,10 +44,6 @@ from runtime.live_run import (
 )
 from runtime.procs import (
     ServerProcess,
-    check_attached,
-    control_token,
-    inference_key,
-    release_attached,
     server_core_sets,
     split_cores,
     start_server,

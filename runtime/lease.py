@@ -11,7 +11,7 @@ resume) when it joins, and the server keeps a :class:`RunLease`:
   (``POST /release``), and a holder that died frees it ``TANDEM_LEASE_S`` seconds (default
   300) after its last call;
 * ``/health`` gives the holder and the seconds until the lease is free, so that a run
-  attaching to the server is refused at once, by name (``runtime.procs.check_attached``).
+  attaching to the server is refused at once, by name (``runtime.attach.check_attached``).
 """
 
 from __future__ import annotations

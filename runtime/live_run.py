@@ -28,12 +28,13 @@ from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from runtime.actor import Actor, ActorConfig
+from runtime.attach import inference_key
 from runtime.cost import live_cost_model
 from runtime.cpu_timeline import CpuTimeline
 from runtime.gen_client import GenerationClient
 from runtime.history import resume_position
 from runtime.host_cpu import cpu_use_metrics, process_age_s, run_cpu_by_role, run_pids_by_role
-from runtime.procs import free_port, inference_key
+from runtime.procs import free_port
 from runtime.recorder import Recorder
 from runtime.run_dir import RunDir
 from runtime.supervisor import Servers

@@ -28,9 +28,9 @@ from typing import Any
 from policies.protocols import LengthPredictor
 from policies.results import RunResult
 from policies.spec import RunSpec
+from runtime.attach import control_token, inference_key
 from runtime.errors import LiveRunError
 from runtime.live_run import AfterStep, OnStep, drive, live_device, model_dir_for, trainer_config
-from runtime.procs import control_token, inference_key
 from runtime.ray_actors import ANSWERS_GROUP, ServerActor, ServerSettings, TrainerRank
 from runtime.ray_handles import RayServers, RayTrainerGroup
 from runtime.ray_placement import Bundle, RayPlan, ServerPlace, check_plan, label_datacenters, plan

@@ -119,6 +119,17 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
     """The contract's routes (the :class:`runtime.guard.Guard` in front checks tokens);
     ``lease``: one run at a time (runtime.lease)."""
     router = APIRouter()
+    _weight_group_routes(router, control, lease)
+    batch = BatchGenerator(control.engine, control)
+
+    @router.post("/v1/tandem/generate")
+    async def tandem_generate(body: BatchBody) -> StreamingResponse:
+        lease.renew()
+        return StreamingResponse(batch.stream(body), media_type="application/x-ndjson")
+
+    @router.get("/weights/checksums")
+    async def checksums() -> dict:
+        return {"version": control.version, "checksums": await control.checksums()}
 
     @router.get("/health")
     async def health() -> JSONResponse:
@@ -133,6 +144,12 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
             free_in_s=lease.free_in_s(),
         )
         return JSONResponse(body.model_dump(), status_code=503 if control.stuck else 200)
+
+    return router
+
+
+def _weight_group_routes(router: APIRouter, control: ServerControl, lease: RunLease) -> None:
+    """Joining the trainer's weight group, loading its updates, leaving the server free."""
 
     @router.post("/init_process_group")
     async def init_process_group(body: InitGroupBody) -> dict:
@@ -170,22 +187,9 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
             stages_ms=result.stages_ms,
         )
 
-    batch = BatchGenerator(control.engine, control)
-
-    @router.post("/v1/tandem/generate")
-    async def tandem_generate(body: BatchBody) -> StreamingResponse:
-        lease.renew()
-        return StreamingResponse(batch.stream(body), media_type="application/x-ndjson")
-
     @router.post("/release")
     async def release(body: ReleaseBody) -> dict:
         return {"released": lease.release(body.owner)}
-
-    @router.get("/weights/checksums")
-    async def checksums() -> dict:
-        return {"version": control.version, "checksums": await control.checksums()}
-
-    return router
 
 
 class VersionHeaders:

@@ -240,8 +240,8 @@ def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_ke
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    from runtime.attach import check_attached
     from runtime.errors import LiveRunError
-    from runtime.procs import check_attached
 
     class Server(BaseHTTPRequestHandler):  # as tandem serve answers these GETs
         def do_GET(self):  # noqa: N802 - the handler's name is http.server's

@@ -280,7 +280,7 @@ def test_config_path_finds_files_and_shipped_names(tmp_path):
 def test_saved_specs_leave_the_secrets_out_and_the_run_takes_them_from_the_environment(
     monkeypatch,
 ):
-    from runtime.procs import control_token, inference_key
+    from runtime.attach import control_token, inference_key
 
     spec = load_spec(config_path("live-tiny"), ["live.token=s3cret", "live.api_key=k3y"])
     assert spec.live.token == "s3cret" and spec.live.api_key == "k3y"  # in memory, as given

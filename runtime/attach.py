@@ -1,0 +1,94 @@
+"""Servers a run attaches to (``live.server_urls``) and the secrets it reaches them with.
+
+Before its first request a run checks each attached server (:func:`check_attached`): that
+it answers, serves no other run (:mod:`runtime.lease`), and takes the run's token and API
+key; at its end it releases them (:func:`release_attached`). The token and the key come
+from the spec or the environment, never from a file the run writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+
+import httpx
+
+from policies.live_section import LiveSection
+from runtime.errors import LiveRunError
+from runtime.procs import health_json
+
+
+def control_token(live: LiveSection) -> str:
+    """The run's control-route token: ``live.token``, else ``TANDEM_TOKEN`` (the way to
+    attach to ``tandem serve`` without the token on a command line or in spec.yaml), else a
+    fresh one for the servers the run starts."""
+    return live.token or os.environ.get("TANDEM_TOKEN") or secrets.token_hex(16)
+
+
+def inference_key(live: LiveSection) -> str | None:
+    """The servers' API key: ``live.api_key``, else ``TANDEM_API_KEY``, else none."""
+    return live.api_key or os.environ.get("TANDEM_API_KEY") or None
+
+
+def check_attached(
+    urls: list[str], token: str | None, owner: str | None = None, api_key: str | None = None,
+    timeout_s: float = 5.0,
+) -> None:  # fmt: skip
+    """Each server of ``live.server_urls`` answers ``/health``, serves no other run than
+    ``owner`` (runtime.lease), takes ``token`` on its control routes and ``api_key`` on its
+    inference routes, or a :class:`LiveRunError` naming the first that does not (before
+    the run waits on a weight group the server never joins). The token is tried with a GET
+    of ``/init_process_group``: past the guard that POST route answers 405, at it 401/403;
+    the API key with ``GET /v1/models``."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    key = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    for i, url in enumerate(urls):
+        base, name = url.rstrip("/"), f"live.server_urls[{i}] {url}"
+        try:
+            health = httpx.get(base + "/health", timeout=timeout_s)
+            control = httpx.get(base + "/init_process_group", headers=headers, timeout=timeout_s)
+            models = httpx.get(base + "/v1/models", headers=key, timeout=timeout_s).status_code
+        except httpx.HTTPError as err:
+            health, control = f"{type(err).__name__}: {err}", None
+        if control is None or health.status_code != 200:
+            raise LiveRunError(
+                f"{name} does not answer /health "
+                f"({health if control is None else health.status_code}); start it first "
+                "(tandem serve MODEL_DIR --port PORT --token SECRET) or drop the key to have "
+                "the run start its own servers"
+            )
+        state = health_json(health)
+        held, free_in_s = state.get("owner"), state.get("free_in_s")
+        if held not in (None, owner) and (free_in_s or 0) > 0:
+            raise LiveRunError(
+                f"{name} serves another run (owner {held}; free when that run ends, or in "
+                f"{free_in_s:.0f} s if it died): give this run a server of its own"
+            )
+        if control.status_code in (401, 403):
+            raise LiveRunError(
+                f"{name} refused the run's token ({control.status_code} {control.text}); set "
+                "live.token (or TANDEM_TOKEN) to the token the server was started with"
+            )
+        if control.status_code == 404:
+            raise LiveRunError(
+                f"{name} has no /init_process_group: not a tandem server (tandem serve)"
+            )
+        if models in (401, 403):
+            raise LiveRunError(
+                f"{name} refused the run's API key ({models}); set live.api_key (or "
+                "TANDEM_API_KEY) to the key the server was started with (--api-key)"
+            )
+
+
+def release_attached(urls: list[str], token: str | None, owner: str | None) -> None:
+    """Tell each attached server that the run ``owner`` ended (``POST /release``), so that
+    the next run may join it at once; a server that does not answer is left to its lease."""
+    if owner is None:
+        return
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    for url in urls:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(
+                url.rstrip("/") + "/release", json={"owner": owner}, headers=headers, timeout=5.0
+            )
