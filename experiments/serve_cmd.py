@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.arg_types import port
+from experiments.arg_types import port, positive_int
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -31,6 +31,19 @@ def add_serve_parser(sub: Any) -> None:
         "--api-key",
         default=None,
         help="bearer key the inference routes (/v1/...) require (or TANDEM_API_KEY)",
+    )
+    serve.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=512,
+        help="context of a sequence, prompt and answer, tokens (default 512; a run refuses a "
+        "server whose context cannot hold its longest prompt and workload.max_output_tokens)",
+    )
+    serve.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=64,
+        help="sequences the engine batches at once (default 64)",
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -60,7 +73,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.api_key:
         env["TANDEM_API_KEY"] = args.api_key
     cmd = [sys.executable, "-m", "runtime.server", args.model_dir, "--host", args.host,
-           "--port", str(args.port)]  # fmt: skip
+           "--port", str(args.port), "--max-model-len", str(args.max_model_len),
+           "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip
     if not token:
         cmd.append("--insecure-no-token")
     os.execve(sys.executable, cmd, env)

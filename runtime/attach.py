@@ -17,6 +17,7 @@ import httpx
 from policies.live_section import LiveSection
 from runtime.errors import LiveRunError
 from runtime.procs import health_json
+from runtime.tasks import TaskSet, check_context
 
 
 def control_token(live: LiveSection) -> str:
@@ -33,14 +34,15 @@ def inference_key(live: LiveSection) -> str | None:
 
 def check_attached(
     urls: list[str], token: str | None, owner: str | None = None, api_key: str | None = None,
-    timeout_s: float = 5.0,
+    tasks: TaskSet | None = None, timeout_s: float = 5.0,
 ) -> None:  # fmt: skip
     """Each server of ``live.server_urls`` answers ``/health``, serves no other run than
     ``owner`` (runtime.lease), takes ``token`` on its control routes and ``api_key`` on its
     inference routes, or a :class:`LiveRunError` naming the first that does not (before
     the run waits on a weight group the server never joins). The token is tried with a GET
     of ``/init_process_group``: past the guard that POST route answers 405, at it 401/403;
-    the API key with ``GET /v1/models``."""
+    the API key with ``GET /v1/models``, whose ``max_model_len`` must hold ``tasks``'
+    longest prompt and answer (:func:`runtime.tasks.check_context`)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     key = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     for i, url in enumerate(urls):
@@ -48,7 +50,7 @@ def check_attached(
         try:
             health = httpx.get(base + "/health", timeout=timeout_s)
             control = httpx.get(base + "/init_process_group", headers=headers, timeout=timeout_s)
-            models = httpx.get(base + "/v1/models", headers=key, timeout=timeout_s).status_code
+            models = httpx.get(base + "/v1/models", headers=key, timeout=timeout_s)
         except httpx.HTTPError as err:
             health, control = f"{type(err).__name__}: {err}", None
         if control is None or health.status_code != 200:
@@ -74,11 +76,24 @@ def check_attached(
             raise LiveRunError(
                 f"{name} has no /init_process_group: not a tandem server (tandem serve)"
             )
-        if models in (401, 403):
+        if models.status_code in (401, 403):
             raise LiveRunError(
-                f"{name} refused the run's API key ({models}); set live.api_key (or "
+                f"{name} refused the run's API key ({models.status_code}); set live.api_key (or "
                 "TANDEM_API_KEY) to the key the server was started with (--api-key)"
             )
+        if tasks is not None and (context := _max_model_len(models)) is not None:
+            try:
+                check_context(tasks, context, f"{name}'s max_model_len")
+            except ValueError as err:
+                raise LiveRunError(f"{err} (tandem serve --max-model-len)") from None
+
+
+def _max_model_len(models: httpx.Response) -> int | None:
+    """The context length a ``GET /v1/models`` answer gives for the served model, if any."""
+    try:
+        return int(models.json()["data"][0]["max_model_len"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
 
 
 def release_attached(urls: list[str], token: str | None, owner: str | None) -> None:

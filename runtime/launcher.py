@@ -53,6 +53,7 @@ from runtime.procs import (
 from runtime.run_dir import RunDir
 from runtime.server_faults import ServersLost
 from runtime.supervisor import Servers, ServerSlot
+from runtime.tasks import check_context, task_set
 from runtime.trainer_proc import TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ def _check_supported(spec: RunSpec) -> None:
         raise ValueError(
             "pipeline.inflight: 'abort-resubmit' is not implemented live; use keep or drain"
         )
+    if not spec.live.server_urls:  # attached servers: their own context (check_attached)
+        check_context(task_set(spec), spec.live.max_model_len)
 
 
 def run_live(
@@ -179,7 +182,7 @@ def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
     """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
     live, owner = spec.live, owner_of(out_dir)
     if live.server_urls:
-        check_attached(live.server_urls, token, owner, inference_key(live))
+        check_attached(live.server_urls, token, owner, inference_key(live), task_set(spec))
         slots = [ServerSlot(i, u) for i, u in enumerate(live.server_urls)]
         return Servers(slots, token, owner=owner)
     start = functools.partial(_start_server, spec, model_dir, token, core_sets, out_dir)

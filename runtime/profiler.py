@@ -60,7 +60,7 @@ from runtime.profile_bursts import (
     warm_up,
 )
 from runtime.profile_files import describe, kv_capacity_from_log, write_profile
-from runtime.tasks import TaskSet, task_set
+from runtime.tasks import TaskSet, check_context, task_set
 from runtime.trainer import TrainItem, token_logprobs
 from runtime.trainer_proc import ServerAddr, TrainerProcess
 
@@ -103,6 +103,7 @@ def profile_runtime(
     spec: RunSpec, out_dir: Path, plan: ProfilePlan | None = None, progress: Progress | None = None
 ) -> Path:
     """Profile ``spec``'s runtime (one server, one trainer); write the tables to ``out_dir``."""
+    check_context(task_set(spec), spec.live.max_model_len)
     plan = plan or ProfilePlan()
     tick = progress or (lambda _: None)
     out_dir = Path(out_dir)

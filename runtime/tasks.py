@@ -221,6 +221,20 @@ def task_set(spec: RunSpec) -> TaskSet:
     return TaskSet(spec.run.seed, w.num_prompts, w.max_output_tokens, mix=w.tasks)
 
 
+def check_context(tasks: TaskSet, max_model_len: int, where: str = "live.max_model_len") -> None:
+    """A ``ValueError`` unless a server's context (``max_model_len`` tokens, from ``where``)
+    holds the longest prompt with ``workload.max_output_tokens`` after it: vLLM would end a
+    longer answer at the context length and the run would train on it as it is."""
+    longest = max(p.prompt_tokens for p in tasks.prompts)
+    need = longest + tasks.max_output_tokens
+    if max_model_len < need:
+        raise ValueError(
+            f"{where} ({max_model_len}) is shorter than the longest prompt ({longest} tokens) "
+            f"plus workload.max_output_tokens ({tasks.max_output_tokens}): answers would be cut "
+            f"at the context length; make it at least {need} or lower workload.max_output_tokens"
+        )
+
+
 class TaskPromptSource:
     """The controller's ``PromptSource`` over a :class:`TaskSet`.
 

@@ -8,6 +8,7 @@ says what to install; ``serve`` needs a token.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -190,8 +191,12 @@ def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypat
 
     monkeypatch.setattr(os, "execve", execve)
     with pytest.raises(SystemExit):
-        cli.main(["serve", str(tmp_path), "--token", "s3cret", "--port", "8999"])
+        cli.main(["serve", str(tmp_path), "--token", "s3cret", "--port", "8999",
+                  "--max-model-len", "1024"])  # fmt: skip
     assert seen["argv"][1:4] == ["-m", "runtime.server", str(tmp_path)]
+    argv = seen["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == "1024"
+    assert argv[argv.index("--max-num-seqs") + 1] == "64"
     assert "s3cret" not in " ".join(seen["argv"]) and seen["env"]["TANDEM_TOKEN"] == "s3cret"
 
 
@@ -242,16 +247,20 @@ def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_ke
 
     from runtime.attach import check_attached
     from runtime.errors import LiveRunError
+    from runtime.tasks import TaskSet
 
     class Server(BaseHTTPRequestHandler):  # as tandem serve answers these GETs
         def do_GET(self):  # noqa: N802 - the handler's name is http.server's
-            path = self.path.removeprefix("/sick").removeprefix("/plain")
+            path = self.path.removeprefix("/sick").removeprefix("/plain").removeprefix("/short")
+            body = b""
             if self.path.startswith("/sick"):
                 status = 503
             elif path == "/health":
                 status = 200
-            elif path == "/v1/models":  # an inference route: the API key
+            elif path == "/v1/models":  # an inference route: the API key; the context
                 status = 200 if self.headers.get("Authorization") == "Bearer key" else 401
+                context = 64 if self.path.startswith("/short") else 512
+                body = json.dumps({"data": [{"id": "m", "max_model_len": context}]}).encode()
             elif self.path.startswith("/plain"):
                 status = 404  # a server without tandem's routes
             elif self.headers.get("Authorization") != "Bearer right":
@@ -260,6 +269,7 @@ def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_ke
                 status = 405  # /init_process_group is a POST route
             self.send_response(status)
             self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *args):
             pass
@@ -280,7 +290,27 @@ def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_ke
             check_attached([url], "wrong", api_key="key")
         with pytest.raises(LiveRunError, match=r"server_urls\[0\] .*/plain has no /init_process"):
             check_attached([url + "/plain"], "right", api_key="key")
+        tasks = TaskSet(0, 64, 128)  # prompts up to ~40 tokens: 512 holds them, 64 does not
+        check_attached([url], "right", api_key="key", tasks=tasks)
+        with pytest.raises(
+            LiveRunError, match=r"server_urls\[1\] .*/short's max_model_len \(64\) is shorter"
+        ):
+            check_attached([url, url + "/short"], "right", api_key="key", tasks=tasks)
         server.shutdown()
+
+
+def test_a_context_shorter_than_prompt_and_answer_is_refused_before_anything_starts(
+    tmp_path, capsys
+):
+    """Before: vLLM ended the long answers at the context length (a 106-token answer cut
+    to 58 at max_model_len 64) and the run trained on them, rewards and all, exit 0."""
+    overrides = ["--set", "live.max_model_len=64", "--set", "run.iterations=1"]
+    out = tmp_path / "run"
+    assert main(["run", "live-tiny", "--live", *overrides, "--out", str(out)]) == 2  # a spec error
+    said = _flat(capsys.readouterr().out)
+    assert "live.max_model_len (64) is shorter than the longest prompt" in said
+    assert "at least 170" in said
+    assert sorted(p.name for p in out.iterdir()) == ["run.log"]  # no server, no results
 
 
 @pytest.mark.parametrize(
