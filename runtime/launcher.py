@@ -68,6 +68,12 @@ def _check_supported(spec: RunSpec) -> None:
         raise ValueError(
             "pipeline.inflight: 'abort-resubmit' is not implemented live; use keep or drain"
         )
+    if spec.algorithm.group_size < 2:
+        raise ValueError(
+            f"algorithm.group_size {spec.algorithm.group_size}: the live loss's advantage is a "
+            "sample's reward minus its group's mean (runtime/loss.py; no critic), so a group "
+            "of one learns nothing; set algorithm.group_size to 2 or more"
+        )
     if not spec.live.server_urls:  # attached servers: their own context (check_attached)
         check_context(task_set(spec), spec.live.max_model_len)
 
