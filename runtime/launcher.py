@@ -74,6 +74,12 @@ def _check_supported(spec: RunSpec) -> None:
             "sample's reward minus its group's mean (runtime/loss.py; no critic), so a group "
             "of one learns nothing; set algorithm.group_size to 2 or more"
         )
+    if spec.live.temperature == 0:
+        raise ValueError(
+            "live.temperature 0: greedy sampling gives every sample of a group the same "
+            "answer, so every advantage (reward minus its group's mean) is 0 and the run "
+            "learns nothing; sample with a temperature above 0 (default 1)"
+        )
     if not spec.live.server_urls:  # attached servers: their own context (check_attached)
         check_context(task_set(spec), spec.live.max_model_len)
 

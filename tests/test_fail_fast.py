@@ -372,12 +372,21 @@ def test_a_port_taken_by_another_server_while_ours_starts_is_named_not_taken_for
         ours.wait()
 
 
-def test_a_live_run_with_groups_of_one_is_refused_naming_the_key(tmp_path, capsys):
-    """Before: ``streamrl-7b --live`` (ppo, groups of one) ran to the end with every
-    advantage 0: every sample skipped, loss 0, weights unchanged, exit 0."""
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("algorithm.group_size=1", "algorithm.group_size 1: the live loss's advantage"),
+        ("live.temperature=0", "live.temperature 0: greedy sampling gives every sample"),
+    ],
+)
+def test_a_live_run_that_would_learn_nothing_is_refused_naming_the_key(
+    override, says, tmp_path, capsys
+):
+    """Before: ``streamrl-7b --live`` (ppo, groups of one), or ``live-tiny`` at temperature
+    0, ran to the end with every advantage 0: every sample skipped, loss 0, weights
+    unchanged, exit 0."""
     out = tmp_path / "run"
-    args = ["run", "live-tiny", "--live", "--set", "algorithm.group_size=1", "--out", str(out)]
+    args = ["run", "live-tiny", "--live", "--set", override, "--out", str(out)]
     assert main(args) == 2
-    said = _flat(capsys.readouterr().out)
-    assert "algorithm.group_size 1: the live loss's advantage" in said
+    assert says in _flat(capsys.readouterr().out)
     assert not (out / "metrics.json").exists()
