@@ -48,11 +48,11 @@ from policies.resources import generation_resource
 from policies.results import RunResult
 from policies.spec import RunSpec, load_spec, override_spec
 from policies.tracking import StepUpdate
+from runtime.engine_proc import SERVED_MODEL_NAME
 from runtime.gen_client import GenerationClient
 from runtime.launcher import run_live
 from runtime.live_run import model_dir_for
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
-from runtime.server import SERVED_MODEL_NAME
 from runtime.tasks import TaskPromptSource, TaskSet, task_set
 
 MODES = ("disagg-sync", "stream-sync", "stream-async", "pipeline")

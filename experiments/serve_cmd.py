@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.arg_types import port, positive_int
+from experiments.arg_types import port, positive_float, positive_int
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -45,6 +45,12 @@ def add_serve_parser(sub: Any) -> None:
         default=64,
         help="sequences the engine batches at once (default 64)",
     )
+    serve.add_argument(
+        "--kv-cache-gib",
+        type=positive_float,
+        default=None,
+        help="KV cache of a CPU engine, GiB (default: VLLM_CPU_KVCACHE_SPACE, else 1)",
+    )
     serve.set_defaults(func=cmd_serve)
 
 
@@ -75,6 +81,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "runtime.server", args.model_dir, "--host", args.host,
            "--port", str(args.port), "--max-model-len", str(args.max_model_len),
            "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip
+    if args.kv_cache_gib is not None:
+        cmd += ["--kv-cache-gib", repr(args.kv_cache_gib)]
     if not token:
         cmd.append("--insecure-no-token")
     os.execve(sys.executable, cmd, env)

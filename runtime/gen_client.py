@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import httpx
 
 from policies.records import Completion, FinishReason, Request
+from runtime.engine_proc import SERVED_MODEL_NAME
 from runtime.http_pool import POOL_LIMITS
-from runtime.server import SERVED_MODEL_NAME
 
 
 class SampleFailed(RuntimeError):

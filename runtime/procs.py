@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -111,7 +112,6 @@ def start_server(
     env = {
         **os.environ,
         "TANDEM_TOKEN": token,
-        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),  # whole GiB
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
         ENGINE_CORES_ENV: ",".join(map(str, cores)),
         ENGINE_NICE_ENV: str(engine_nice),
@@ -120,6 +120,7 @@ def start_server(
     cmd = [
         sys.executable, "-m", "runtime.server", model_dir, "--host", host, "--port", str(port),
         "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+        "--kv-cache-gib", repr(kv_cache_gib),
     ]  # fmt: skip
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{instance_id}.log"
@@ -157,9 +158,9 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
     logger.info("waiting for server %d: vLLM engine start (~35 s on a CPU)", server.instance_id)
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            tail = server.log_path.read_text(errors="replace")[-3000:]
+            text = server.log_path.read_text(errors="replace")
             error = server_died(server, "during start-up")
-            raise ProcessDied(f"{error}; its log ends:\n{tail}")
+            raise ProcessDied(f"{error}{start_up_cause(text)}; its log ends:\n{text[-3000:]}")
         try:
             health = httpx.get(server.base_url + "/health", timeout=2.0)
         except httpx.HTTPError:
@@ -178,6 +179,22 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
             return
         time.sleep(0.5)
     raise TimeoutError(f"{describe_server(server)} not healthy after {timeout_s} s")
+
+
+_ERROR_LINE = re.compile(r"(?:^|\] )((?:\w+\.)*\w*(?:Error|Exception): .+)$", re.MULTILINE)
+_KV_SHORT = ("No available memory for the cache blocks", "KV cache is needed")
+
+
+def start_up_cause(log_text: str) -> str:
+    """``: ValueError: ...``, the first error a server's log names (vLLM's last line only
+    points "above" to it), with the spec key behind a KV cache too small; "" if none."""
+    causes = [m for m in _ERROR_LINE.findall(log_text) if "root cause above" not in m]
+    if not causes:
+        return ""
+    hint = ""
+    if any(k in causes[0] for k in _KV_SHORT):
+        hint = " (live.kv_cache_gib too small for one sequence of live.max_model_len?)"
+    return f": {causes[0].strip()}{hint}"
 
 
 def health_json(health: httpx.Response) -> dict:

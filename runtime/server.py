@@ -29,7 +29,6 @@ import asyncio
 import os
 import signal
 import sys
-from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -40,15 +39,18 @@ from runtime.batch_gen import BatchBody, BatchGenerator
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
 from runtime.cpu_seed_rewind import SEED_REWIND_ENV
 from runtime.direct_load import DIRECT_ENV
+from runtime.engine_proc import (
+    KV_SPACE_ENV,
+    renice_engine,
+    restrict_for_engine_start,
+    vllm_args,
+)
 from runtime.guard import Guard, GuardPolicy
-from runtime.host_cpu import descendants
 from runtime.http_pool import SERVER_KEEP_ALIVE_S
 from runtime.lease import LeaseHeld, RunLease, lease_s_from_env
 from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
 from runtime.vllm_plugin import SPIN_ENV
 from runtime.weight_sync import BucketDigest, ParamMeta
-
-SERVED_MODEL_NAME = "tandem"
 
 if __name__ == "__mp_main__":  # a process vLLM spawned below this server: die with it
     die_with_parent(signal.SIGKILL)
@@ -226,7 +228,6 @@ def mount_contract(app: FastAPI, control: ServerControl, policy: GuardPolicy) ->
     app.middleware_stack = None
 
 
-GPU_SHARE_ENV = "TANDEM_GPU_MEMORY_UTILIZATION"  # vLLM's share of a GPU (its default: 0.9)
 # the engine's busy-wait before it sleeps (runtime/vllm_plugin.py): 2 ms spans the round
 # trips inside one decode step; vLLM's own 1 s took a core from the trainer or another server
 ENGINE_SPIN_MS = 2.0
@@ -236,60 +237,6 @@ EXECUTOR_ENV = "TANDEM_ENGINE_EXECUTOR"
 # whose spin and zmq wake-ups took ~70% of the engine core's CPU and ~30% of the worker's
 # with the tiny model (py-spy; docs/live-throughput.md)
 EXECUTORS = ("uni", "mp")
-
-
-def vllm_args(
-    model_dir: str, host: str, port: int, max_model_len: int, max_num_seqs: int
-) -> argparse.Namespace:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = make_arg_parser(FlexibleArgumentParser())
-    # on a GPU shared with the trainer (scripts/gpu-check.sh), leave it room
-    share = os.environ.get(GPU_SHARE_ENV)
-    return parser.parse_args(
-        [
-            "--model", model_dir, "--host", host, "--port", str(port),
-            "--served-model-name", SERVED_MODEL_NAME, "--dtype", "float32",
-            "--enforce-eager", "--max-model-len", str(max_model_len),
-            "--worker-extension-cls", "runtime.weight_sync.WeightReceiver",
-            "--disable-uvicorn-access-log", "--max-logprobs", "1",
-            "--max-num-seqs", str(max_num_seqs), "--scheduling-policy", "priority",
-            *(["--gpu-memory-utilization", share] if share else []),
-        ]
-    )  # fmt: skip
-
-
-def restrict_for_engine_start(cores: str | None) -> set[int]:
-    """Restrict this process to ``cores`` ("0,1") so that the engine core (scheduler) and
-    model worker processes it is about to spawn inherit them; returns the affinity to
-    restore once they run, so that this process (the HTTP frontend) runs anywhere.
-
-    The scheduler and the worker busy-wait on each other between decode steps (vLLM's
-    shared-memory queue spins; ``--engine-spin-ms``): on the worker's own core that spin
-    yields to the worker; on another core it would take CPU from the trainer."""
-    before = os.sched_getaffinity(0)
-    if cores:
-        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-    return before
-
-
-def renice_engine(nice: int) -> int:
-    """Give every thread of this process's descendants (the engine core and any model
-    worker) niceness ``nice``, leaving this process (the HTTP frontend) as it is; returns
-    how many threads. Linux keeps a niceness per thread, and threads started later inherit
-    their starter's, so the engine's later threads (weight receivers) get it too."""
-    if not nice:
-        return 0
-    threads = 0
-    for pid in descendants(os.getpid()):
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-            except (ProcessLookupError, FileNotFoundError):
-                continue  # a thread that ended meanwhile
-            threads += 1
-    return threads
 
 
 async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
@@ -328,13 +275,14 @@ async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
 def serve_main(
     model_dir: str, host: str = "127.0.0.1", port: int = 8400, policy: GuardPolicy | None = None,
     max_model_len: int = 512, max_num_seqs: int = 64, engine_spin_ms: float = ENGINE_SPIN_MS,
-    executor: str = "uni",
+    executor: str = "uni", kv_cache_gib: float | None = None,
 ) -> None:  # fmt: skip
     """Serve ``model_dir`` until interrupted (``python -m runtime.server``, ``tandem serve``).
 
     ``engine_spin_ms``: how long the engine's processes busy-wait for each other's next
     message before they sleep (runtime/vllm_plugin.py; vLLM's own: 1000). ``executor``:
-    where the model runs (``EXECUTORS``)."""
+    where the model runs (``EXECUTORS``). ``kv_cache_gib``: the KV cache on the CPU
+    (None: ``VLLM_CPU_KVCACHE_SPACE``, else 1 GiB)."""
     if policy is None or (policy.token is None and not policy.insecure_no_token):
         raise ValueError("the control routes need a token (or insecure_no_token)")
     if not engine_spin_ms >= 0:
@@ -344,13 +292,16 @@ def serve_main(
     # vLLM's CPU platform keeps the in-process ("uni") executor only when this is "0"; its
     # async frontend runs the engine core in a process of its own either way
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if executor == "uni" else "1"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if kv_cache_gib is None:
+        os.environ.setdefault(KV_SPACE_ENV, "1")
+    else:  # vLLM's variable, in whole GiB, would override the exact size
+        os.environ.pop(KV_SPACE_ENV, None)
     os.environ[SPIN_ENV] = str(engine_spin_ms)  # read by the plugin in each engine process
     # the plugin keeps kernel weights for direct loads (TANDEM_DIRECT_LOAD=0: vLLM's reload)
     os.environ.setdefault(DIRECT_ENV, "1")
     os.environ.setdefault(SEED_REWIND_ENV, "1")  # seeded chunked prefills on vLLM-CPU
     reap_forks_with_parent()  # before vLLM forks its engine core and worker
-    args = vllm_args(model_dir, host, port, max_model_len, max_num_seqs)
+    args = vllm_args(model_dir, host, port, max_model_len, max_num_seqs, kv_cache_gib)
     asyncio.run(_serve(args, policy))
 
 
@@ -364,6 +315,7 @@ def main() -> None:
     parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--kv-cache-gib", type=float, default=None)
     parser.add_argument(
         "--engine-spin-ms",
         type=float,
@@ -385,7 +337,7 @@ def main() -> None:
     policy = GuardPolicy(token=ns.token, api_key=ns.api_key, insecure_no_token=ns.insecure_no_token)
     serve_main(
         ns.model_dir, ns.host, ns.port, policy, ns.max_model_len, ns.max_num_seqs,
-        ns.engine_spin_ms, ns.executor,
+        ns.engine_spin_ms, ns.executor, ns.kv_cache_gib,
     )  # fmt: skip
 
 

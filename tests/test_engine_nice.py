@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from policies.spec import load_spec
+from runtime.engine_proc import renice_engine
 from runtime.launcher import engine_nice
-from runtime.server import renice_engine
 
 # an "engine": a process with a second thread, both sleeping until killed
 ENGINE = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\ntime.sleep(60)\n"

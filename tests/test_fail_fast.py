@@ -192,11 +192,12 @@ def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypat
     monkeypatch.setattr(os, "execve", execve)
     with pytest.raises(SystemExit):
         cli.main(["serve", str(tmp_path), "--token", "s3cret", "--port", "8999",
-                  "--max-model-len", "1024"])  # fmt: skip
+                  "--max-model-len", "1024", "--kv-cache-gib", "0.25"])  # fmt: skip
     assert seen["argv"][1:4] == ["-m", "runtime.server", str(tmp_path)]
     argv = seen["argv"]
     assert argv[argv.index("--max-model-len") + 1] == "1024"
     assert argv[argv.index("--max-num-seqs") + 1] == "64"
+    assert argv[argv.index("--kv-cache-gib") + 1] == "0.25"
     assert "s3cret" not in " ".join(seen["argv"]) and seen["env"]["TANDEM_TOKEN"] == "s3cret"
 
 
