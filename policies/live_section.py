@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from policies.cluster import MAX_TOKENS, Section, count
 
@@ -127,6 +128,26 @@ class LiveSection(Section):
         if self.weight_backend == "nccl" and self.device == "cpu":
             raise ValueError("live.weight_backend: nccl needs live.device cuda (or auto), not cpu")
         return self
+
+    @field_validator("server_urls")
+    @classmethod
+    def _server_urls_distinct(cls, urls: list[str] | None) -> list[str] | None:
+        """Base URLs, each once, without a trailing slash (``URL/`` + ``/route`` was a 404)."""
+        seen: dict[str, int] = {}
+        for i, url in enumerate(urls or []):
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(
+                    f"server_urls[{i}] {url!r}: expected a base URL such as http://127.0.0.1:8400"
+                )
+            key = f"{parts.scheme}://{parts.hostname}:{parts.port}{parts.path.rstrip('/')}"
+            if key in seen:
+                raise ValueError(
+                    f"server_urls[{i}] {url} is server_urls[{seen[key]}] again: a server "
+                    "joins a run's weight group once; list each server once"
+                )
+            seen[key] = i
+        return None if urls is None else [u.rstrip("/") for u in urls]
 
     @model_validator(mode="after")
     def _restart_own_servers(self) -> LiveSection:

@@ -158,6 +158,7 @@ class ServerControl:
         self.last_pause_s: float | None = None
         self.history = VersionHistory()
         self._lock = asyncio.Lock()
+        self._joining: int | None = None  # the rank of a join under way
         self._not_updating = asyncio.Event()  # cleared while an update is loaded
         self._not_updating.set()
         self.pauses = steps_overlap(engine)  # else updates run between steps unpaused
@@ -181,10 +182,23 @@ class ServerControl:
     async def join_group(
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
     ) -> None:
-        """Join (or re-create) the weight group; the worker gives up after ``timeout_s``."""
+        """Join (or re-create) the weight group; the worker gives up after ``timeout_s``.
+
+        A second join while one is under way is refused (409): queued behind the first, it
+        kept the group from forming (the first waits for every rank), and the engine then
+        hung in the second's group set-up, serving nothing (a server listed twice)."""
+        if self._joining is not None:
+            raise UpdateRejected(
+                "rank", f"this server is joining a weight group as rank {self._joining}: a "
+                "server joins a run's group once", 409,
+            )  # fmt: skip
         args = (host, port, rank, world_size, backend, timeout_s, self.bind_host)
-        async with self._lock:  # never while an update is receiving
-            await self._rpc("tandem_join", timeout_s + 5, args)
+        self._joining = rank
+        try:
+            async with self._lock:  # never while an update is receiving
+                await self._rpc("tandem_join", timeout_s + 5, args)
+        finally:
+            self._joining = None
 
     async def update(
         self, version: int, metas: list[ParamMeta], digests: list[BucketDigest], timeout_s: float

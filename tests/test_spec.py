@@ -299,3 +299,15 @@ def test_saved_specs_leave_the_secrets_out_and_the_run_takes_them_from_the_envir
     fresh = control_token(again.live)
     assert len(fresh) == 32 and fresh != control_token(again.live)  # a new one per run
     assert inference_key(again.live) is None
+
+
+def test_server_urls_are_base_urls_each_once_without_a_trailing_slash():
+    """Before: a server listed twice hung the run ~100 s, then a 504 (and wedged the
+    server); ``URL/`` asked ``URL//init_process_group`` and got a 404."""
+    again = r"server_urls\[1\] http://127.0.0.1:8470/ is server_urls\[0\] again"
+    with pytest.raises(SpecError, match=again):
+        load_spec(None, ["live.server_urls=[http://127.0.0.1:8470,http://127.0.0.1:8470/]"])
+    with pytest.raises(SpecError, match=r"server_urls\[0\] '127.0.0.1:8470': expected a base URL"):
+        load_spec(None, ["live.server_urls=[127.0.0.1:8470]"])
+    spec = load_spec(None, ["live.server_urls=[http://127.0.0.1:8470/,http://127.0.0.1:8471]"])
+    assert spec.live.server_urls == ["http://127.0.0.1:8470", "http://127.0.0.1:8471"]
