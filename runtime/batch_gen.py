@@ -16,6 +16,13 @@ the (oldest) version its prompt KV was computed with (:mod:`runtime.prompt_cache
 A sample that fails (its prompt too long for the model, say) sends
 ``{"index": i, "error": "..."}`` in its place: the other samples of the request still
 stream back, and the response holds exactly one line per sample.
+
+While no sample has finished for ``heartbeat_s`` (default ``HEARTBEAT_S``) but the
+engine has stepped meanwhile, the server writes an empty line, which readers skip: a
+batch of long answers (thousands of tokens on a busy GPU) may finish nothing for many
+minutes, and the silent stream met the client's read timeout and was taken for a broken
+one. An engine that stopped stepping gets no heartbeat, so its silence still reaches the
+client's timeout.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.prompt_cache import salt_version
+
+HEARTBEAT_S = 10.0  # an empty line after this long without a finished sample
 
 
 class SampleBody(BaseModel):
@@ -43,6 +52,48 @@ class BatchBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     samples: list[SampleBody] = Field(min_length=1)
     temperature: float = Field(1.0, ge=0)
+    heartbeat_s: float = Field(HEARTBEAT_S, ge=0.01, le=3600)  # see the module's docstring
+
+
+class EngineSteps:
+    """Counts the output batches the engine hands its frontend: one per engine step that
+    ran requests, finished or not (``AsyncLLM``'s output processor)."""
+
+    def __init__(self, engine) -> None:
+        self.count = 0
+        processor = getattr(engine, "output_processor", None)
+        if processor is None:  # not an AsyncLLM: count nothing (no heartbeats)
+            return
+        original = processor.process_outputs
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+
+        processor.process_outputs = counted
+
+
+async def drain(
+    lines: asyncio.Queue[bytes], count: int, steps: Callable[[], int],
+    heartbeat_s: float = HEARTBEAT_S,
+) -> AsyncIterator[bytes]:  # fmt: skip
+    """``count`` lines from ``lines`` as they come, those that come together in one chunk
+    (the samples one engine step finishes: one write, one pass of the middleware stack);
+    an empty line (a heartbeat) after every ``heartbeat_s`` without any in which the
+    engine stepped (``steps()`` grew)."""
+    left, seen = count, steps()
+    while left:
+        try:
+            chunk = [await asyncio.wait_for(lines.get(), heartbeat_s)]
+        except TimeoutError:
+            if steps() != seen:
+                seen = steps()
+                yield b"\n"
+            continue
+        while not lines.empty():
+            chunk.append(lines.get_nowait())
+        left -= len(chunk)
+        yield b"".join(chunk)
 
 
 class BatchGenerator:
@@ -53,6 +104,7 @@ class BatchGenerator:
         self.engine = engine
         self.control = control  # runtime.control.ServerControl: version, prompt KV version
         self.tokenizer = engine.get_tokenizer()
+        self.steps = EngineSteps(engine)
 
     async def stream(self, body: BatchBody) -> AsyncIterator[bytes]:
         inputs = await self._render(body)
@@ -67,15 +119,9 @@ class BatchGenerator:
                 asyncio.create_task(self._one(f"tandem-{batch_id}-{i}", i, s, x, body, lines))
             )
         try:
-            left = len(body.samples)
-            while left:
-                # the samples one engine step finishes arrive together: one write for all
-                # of them (each write passes the middleware stack and is a syscall)
-                chunk = [await lines.get()]
-                while not lines.empty():
-                    chunk.append(lines.get_nowait())
-                left -= len(chunk)
-                yield b"".join(chunk)
+            steps = lambda: self.steps.count  # noqa: E731
+            async for chunk in drain(lines, len(body.samples), steps, body.heartbeat_s):
+                yield chunk
         finally:
             for t in tasks:  # a client that went away aborts what is still running
                 t.cancel()

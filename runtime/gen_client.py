@@ -18,6 +18,10 @@ from policies.records import Completion, FinishReason, Request
 from runtime.engine_proc import SERVED_MODEL_NAME
 from runtime.http_pool import POOL_LIMITS
 
+# a stream silent this long is broken: a server whose engine steps sends an empty line
+# every 10 s (runtime/batch_gen.py) while no sample finishes
+STREAM_READ_TIMEOUT_S = 120.0
+
 
 class SampleFailed(RuntimeError):
     """The server could not generate one sample (its error line names why)."""
@@ -123,7 +127,10 @@ class GenerationClient:
             samples = [{**x, "ignore_eos": True} for x in samples]
         body = {"temperature": self.temperature, "samples": samples}
         start_s = clock()
-        async with self._http.stream("POST", "/v1/tandem/generate", json=body) as resp:
+        timeout = httpx.Timeout(600.0, read=STREAM_READ_TIMEOUT_S)
+        async with self._http.stream(
+            "POST", "/v1/tandem/generate", json=body, timeout=timeout
+        ) as resp:
             resp.raise_for_status()
             async for line in resp.aiter_lines():
                 if line:

@@ -70,6 +70,23 @@ def test_batch_route_streams_each_completion_with_ids_logprobs_and_versions(serv
     assert 400 <= bad.status_code < 500 and "max_tokens" in bad.text
 
 
+def test_a_stream_that_finishes_nothing_for_a_while_sends_heartbeats_while_the_engine_steps(
+    server,
+):
+    """Before: a batch of long answers that finished nothing for the client's read timeout
+    (600 s) was taken for a broken stream and sent again. A real engine's steps now keep
+    it alive with empty lines (here every 50 ms over a ~300-step answer)."""
+    body = {"heartbeat_s": 0.05, "samples": [
+        {"prompt": TaskSet(0, 1, 64)[0].text, "max_tokens": 300, "ignore_eos": True}
+    ]}  # fmt: skip
+    with httpx.stream("POST", server + "/v1/tandem/generate", json=body, timeout=120) as resp:
+        assert resp.status_code == 200
+        raw = list(resp.iter_lines())
+    answers = [json.loads(x) for x in raw if x]
+    assert len(answers) == 1 and len(answers[0]["token_ids"]) == 300
+    assert raw.count("") >= 2 and raw[-1] != ""  # heartbeats, then the answer
+
+
 def test_inflight_update_lets_requests_finish_and_spans_both_versions(
     server, worker, server_process
 ):
