@@ -83,13 +83,17 @@ async def drain(
     engine stepped (``steps()`` grew)."""
     left, seen = count, steps()
     while left:
-        try:
-            chunk = [await asyncio.wait_for(lines.get(), heartbeat_s)]
-        except TimeoutError:
-            if steps() != seen:
-                seen = steps()
-                yield b"\n"
-            continue
+        if not lines.empty():
+            chunk = [lines.get_nowait()]
+        else:
+            try:
+                async with asyncio.timeout(heartbeat_s):  # a timer; wait_for makes a task
+                    chunk = [await lines.get()]
+            except TimeoutError:
+                if steps() != seen:
+                    seen = steps()
+                    yield b"\n"
+                continue
         while not lines.empty():
             chunk.append(lines.get_nowait())
         left -= len(chunk)
