@@ -18,7 +18,7 @@ A sample that fails (its prompt too long for the model, say) sends
 stream back, and the response holds exactly one line per sample.
 
 While no sample has finished for ``heartbeat_s`` (default ``HEARTBEAT_S``) but the
-engine has stepped meanwhile, the server writes an empty line, which readers skip: a
+engine has stepped meanwhile (:mod:`runtime.engine_watch`), the server writes an empty line, which readers skip: a
 batch of long answers (thousands of tokens on a busy GPU) may finish nothing for many
 minutes, and the silent stream met the client's read timeout and was taken for a broken
 one. An engine that stopped stepping gets no heartbeat, so its silence still reaches the
@@ -53,24 +53,6 @@ class BatchBody(BaseModel):
     samples: list[SampleBody] = Field(min_length=1)
     temperature: float = Field(1.0, ge=0)
     heartbeat_s: float = Field(HEARTBEAT_S, ge=0.01, le=3600)  # see the module's docstring
-
-
-class EngineSteps:
-    """Counts the output batches the engine hands its frontend: one per engine step that
-    ran requests, finished or not (``AsyncLLM``'s output processor)."""
-
-    def __init__(self, engine) -> None:
-        self.count = 0
-        processor = getattr(engine, "output_processor", None)
-        if processor is None:  # not an AsyncLLM: count nothing (no heartbeats)
-            return
-        original = processor.process_outputs
-
-        def counted(*args, **kwargs):
-            self.count += 1
-            return original(*args, **kwargs)
-
-        processor.process_outputs = counted
 
 
 async def drain(
@@ -108,7 +90,6 @@ class BatchGenerator:
         self.engine = engine
         self.control = control  # runtime.control.ServerControl: version, prompt KV version
         self.tokenizer = engine.get_tokenizer()
-        self.steps = EngineSteps(engine)
 
     async def stream(self, body: BatchBody) -> AsyncIterator[bytes]:
         inputs = await self._render(body)
@@ -123,7 +104,7 @@ class BatchGenerator:
                 asyncio.create_task(self._one(f"tandem-{batch_id}-{i}", i, s, x, body, lines))
             )
         try:
-            steps = lambda: self.steps.count  # noqa: E731
+            steps = lambda: self.control.watch.steps  # noqa: E731
             async for chunk in drain(lines, len(body.samples), steps, body.heartbeat_s):
                 yield chunk
         finally:

@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from runtime.engine_watch import STALL_S, EngineWatch
 from runtime.prompt_cache import VersionHistory, install_salting, prompt_version
 from runtime.weight_sync import DTYPES, BucketDigest, ParamMeta, plan_buckets
 
@@ -146,7 +147,7 @@ class ServerControl:
 
     def __init__(
         self, engine, manifest: dict[str, tuple[tuple[int, ...], str]],
-        served_dtype: str = "float32", bind_host: str | None = None,
+        served_dtype: str = "float32", bind_host: str | None = None, stall_s: float = STALL_S,
     ) -> None:  # fmt: skip
         self.engine = engine
         self.manifest = manifest
@@ -162,6 +163,7 @@ class ServerControl:
         self._not_updating = asyncio.Event()  # cleared while an update is loaded
         self._not_updating.set()
         self.pauses = steps_overlap(engine)  # else updates run between steps unpaused
+        self.watch = EngineWatch(engine, stall_s)  # does the engine still step?
 
     def salt_requests(self) -> None:
         """Salt every request the engine admits with the served version (any route)."""
@@ -199,6 +201,14 @@ class ServerControl:
                 await self._rpc("tandem_join", timeout_s + 5, args)
         finally:
             self._joining = None
+            self.watch.touch()  # the engine stepped nothing while it joined
+
+    def stalled_for(self) -> float | None:
+        """Seconds the engine has held requests without a step (:mod:`runtime.engine_watch`);
+        None while it steps, holds none, or is busy loading an update or joining a group."""
+        if self._joining is not None or not self._not_updating.is_set():
+            return None
+        return self.watch.stalled_for()
 
     async def update(
         self, version: int, metas: list[ParamMeta], digests: list[BucketDigest], timeout_s: float
@@ -219,6 +229,7 @@ class ServerControl:
                 if self.pauses:
                     await self.engine.resume_generation()
                 self._not_updating.set()
+                self.watch.touch()  # the engine stepped nothing while it loaded
                 self.last_pause_s = time.perf_counter() - start
         stages = {
             **stages,

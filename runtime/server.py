@@ -45,6 +45,7 @@ from runtime.engine_proc import (
     restrict_for_engine_start,
     vllm_args,
 )
+from runtime.engine_watch import stall_s_from_env
 from runtime.guard import Guard, GuardPolicy
 from runtime.http_pool import SERVER_KEEP_ALIVE_S
 from runtime.lease import LeaseHeld, RunLease, lease_s_from_env
@@ -115,6 +116,7 @@ class HealthResponse(_Body):
     pid: int  # the server's process: a launcher tells its own server from another's
     owner: str | None  # the run this server serves (runtime.lease); None: free
     free_in_s: float  # until another run may join
+    stalled_s: float | None  # holding requests without an engine step this long (503)
 
 
 def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
@@ -135,8 +137,9 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
 
     @router.get("/health")
     async def health() -> JSONResponse:
+        stalled = control.stalled_for()
         body = HealthResponse(
-            status="stuck" if control.stuck else "ok",
+            status="stuck" if control.stuck else "stalled" if stalled is not None else "ok",
             version=control.version,
             num_updates=control.num_updates,
             last_pause_s=control.last_pause_s,
@@ -144,8 +147,9 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
             pid=os.getpid(),
             owner=lease.owner,
             free_in_s=lease.free_in_s(),
+            stalled_s=stalled,
         )
-        return JSONResponse(body.model_dump(), status_code=503 if control.stuck else 200)
+        return JSONResponse(body.model_dump(), status_code=200 if body.status == "ok" else 503)
 
     return router
 
@@ -253,7 +257,9 @@ async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         served_dtype = str(engine.model_config.dtype).removeprefix("torch.")
-        control = ServerControl(engine, checkpoint_manifest(args.model), served_dtype, args.host)
+        control = ServerControl(
+            engine, checkpoint_manifest(args.model), served_dtype, args.host, stall_s_from_env()
+        )
         control.salt_requests()  # prompt KV is shared within one weight version only
         mount_contract(app, control, policy)
         await init_app_state(engine, app.state, args, tasks)
