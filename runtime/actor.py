@@ -57,7 +57,6 @@ from policies.records import InflightHandling, Request, SpanKind
 from policies.resources import TRAINER, generation_resource
 from policies.tracking import StepUpdate
 from runtime.checkpoints import CheckpointCadence
-from runtime.errors import LiveRunError
 from runtime.gen_client import Generated, GenerationClient, SampleFailed
 from runtime.groups import GroupBook
 from runtime.history import HistoryJournal, journal_path
@@ -233,7 +232,8 @@ class Actor:
                 c = self._finished(out)
                 self._events.put_nowait(SampleFinished(c.gen_end_s or self.now(), c))
         except SampleFailed as err:
-            self._events.put_nowait(Failed(LiveRunError(str(err))))
+            if (failure := self.faults.sample_failed(instance_id, err)) is not None:
+                self._events.put_nowait(Failed(failure))
         except (httpx.HTTPStatusError, httpx.TransportError) as err:
             again = await self.faults.stream_failed(instance_id, err, requests, attempt)
             if again:

@@ -142,6 +142,9 @@ def steps_overlap(engine) -> bool:
     return not isinstance(batches, int) or batches > 1
 
 
+BUSY_GRACE_S = 10.0  # past an update's or a join's own timeout: the engine is not busy, stuck
+
+
 class ServerControl:
     """Holds the engine client, the served weight version and the update lock."""
 
@@ -160,6 +163,7 @@ class ServerControl:
         self.history = VersionHistory()
         self._lock = asyncio.Lock()
         self._joining: int | None = None  # the rank of a join under way
+        self._busy_until = 0.0  # monotonic end of an update's or a join's allowed time
         self._not_updating = asyncio.Event()  # cleared while an update is loaded
         self._not_updating.set()
         self.pauses = steps_overlap(engine)  # else updates run between steps unpaused
@@ -198,15 +202,28 @@ class ServerControl:
         self._joining = rank
         try:
             async with self._lock:  # never while an update is receiving
+                self._busy_until = time.monotonic() + timeout_s + BUSY_GRACE_S
                 await self._rpc("tandem_join", timeout_s + 5, args)
         finally:
             self._joining = None
+            self._busy_until = 0.0
             self.watch.touch()  # the engine stepped nothing while it joined
+
+    def condition(self) -> tuple[str, float | None]:
+        """``/health``'s status: ``ok``; ``stuck`` (a worker call timed out), ``dead`` (the
+        engine core died) or ``stalled`` (with its seconds), each a 503."""
+        if self.stuck:
+            return "stuck", None
+        if getattr(self.engine, "errored", False):
+            return "dead", None
+        stalled = self.stalled_for()
+        return ("ok" if stalled is None else "stalled"), stalled
 
     def stalled_for(self) -> float | None:
         """Seconds the engine has held requests without a step (:mod:`runtime.engine_watch`);
-        None while it steps, holds none, or is busy loading an update or joining a group."""
-        if self._joining is not None or not self._not_updating.is_set():
+        None while it steps, holds none, or loads an update or joins a group within that
+        call's time (a call past it hangs: a stopped engine never answers a pause)."""
+        if time.monotonic() < self._busy_until:
             return None
         return self.watch.stalled_for()
 
@@ -218,6 +235,7 @@ class ServerControl:
         wire = [(m.name, m.shape, m.dtype) for m in metas]
         async with self._lock:
             start = time.perf_counter()
+            self._busy_until = time.monotonic() + timeout_s + BUSY_GRACE_S
             self._not_updating.clear()
             try:
                 if self.pauses:
@@ -229,6 +247,7 @@ class ServerControl:
                 if self.pauses:
                     await self.engine.resume_generation()
                 self._not_updating.set()
+                self._busy_until = 0.0
                 self.watch.touch()  # the engine stepped nothing while it loaded
                 self.last_pause_s = time.perf_counter() - start
         stages = {

@@ -97,7 +97,16 @@ def _raise_refusal(out: list, route: str) -> None:
     for i, r in enumerate(out):
         if isinstance(r, Exception) or (r is not None and r.status_code != 200):
             reason = answers([], [r], route)[0]
-            raise LiveRunError(f"generation server {i} did not join the weight group: {reason}")
+            silent = [str(j) for j, other in enumerate(out) if other is None]
+            waited = (
+                f"; generation server {', '.join(silent)} has not answered {route} (the "
+                "group waits for every server)"
+                if silent
+                else ""
+            )
+            raise LiveRunError(
+                f"generation server {i} did not join the weight group: {reason}{waited}"
+            )
 
 
 def join_answers(threads: list[threading.Thread], out: list, route: str) -> list[dict]:

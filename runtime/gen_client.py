@@ -21,6 +21,7 @@ from runtime.http_pool import POOL_LIMITS
 # a stream silent this long is broken: a server whose engine steps sends an empty line
 # every 10 s (runtime/batch_gen.py) while no sample finishes
 STREAM_READ_TIMEOUT_S = 120.0
+ENGINE_DEAD = "EngineDeadError"  # in a sample's error line: the server's engine died
 
 
 class SampleFailed(RuntimeError):

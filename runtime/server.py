@@ -137,9 +137,9 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
 
     @router.get("/health")
     async def health() -> JSONResponse:
-        stalled = control.stalled_for()
+        status, stalled = control.condition()
         body = HealthResponse(
-            status="stuck" if control.stuck else "stalled" if stalled is not None else "ok",
+            status=status,
             version=control.version,
             num_updates=control.num_updates,
             last_pause_s=control.last_pause_s,

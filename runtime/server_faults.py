@@ -28,7 +28,7 @@ from policies.modes.base import Controller
 from policies.modes.events import Command, InstanceAdded, InstanceLost, InstanceRetired
 from policies.records import InstanceView, Request
 from runtime.errors import LiveRunError, ProcessDied
-from runtime.gen_client import GenerationClient
+from runtime.gen_client import ENGINE_DEAD, GenerationClient
 from runtime.jobs import Failed
 from runtime.procs import free_port
 from runtime.recorder import Fault, Recorder
@@ -114,6 +114,17 @@ class ServerFaults:
         self._state[instance_id] = State.LOST
         self._group_stale = True
         self.actor.post(Lost(instance_id, cause, description))
+
+    def sample_failed(self, instance_id: int, err: Exception) -> LiveRunError | None:
+        """A sample's error line from ``instance_id``: the run's error, or None where it is
+        the server's loss: a server already lost (its requests went elsewhere; stopping it
+        fails what it still held), or one whose engine died, now marked lost."""
+        if self.is_lost(instance_id):
+            return None
+        if ENGINE_DEAD in str(err):
+            self.mark_lost(instance_id, str(err))
+            return None
+        return LiveRunError(str(err))
 
     async def stream_failed(
         self, instance_id: int, err: httpx.HTTPError, requests: tuple[Request, ...], attempt: int

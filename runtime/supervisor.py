@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 
 from runtime.errors import describe_exit
-from runtime.procs import ServerProcess, describe_server, stop_server, wait_healthy
+from runtime.procs import ServerProcess, describe_server, health_json, stop_server, wait_healthy
 from runtime.trainer_proc import ServerAddr
 
 HEALTH_PROBES = 3  # failed /health probes, 0.5 s apart, before a server counts as lost
@@ -73,14 +73,16 @@ class Servers:
         slot = self.slots[instance_id]
         if self.exited(instance_id):
             return f"{self.describe(instance_id)} {self._exit(slot)}"
+        why = "stopped answering /health"
         for probe in range(HEALTH_PROBES):
-            if await self._healthy(slot.base_url):
+            why = await self._unhealthy(slot.base_url)
+            if why is None:
                 return None
             if self.exited(instance_id):
                 return f"{self.describe(instance_id)} {self._exit(slot)}"
             if probe + 1 < HEALTH_PROBES:
                 await asyncio.sleep(0.5)
-        return f"{self.describe(instance_id)} stopped answering /health ({cause})"
+        return f"{self.describe(instance_id)} {why} ({cause})"
 
     def _exit(self, slot: ServerSlot) -> str:
         assert slot.process is not None
@@ -88,12 +90,20 @@ class Servers:
         return f"{how} (log: {slot.process.log_path})"
 
     @staticmethod
-    async def _healthy(base_url: str) -> bool:
+    async def _unhealthy(base_url: str) -> str | None:
+        """None if the server answers ``/health`` 200, else why not (its status: a stuck,
+        dead or stalled engine, runtime.control)."""
         try:
             async with httpx.AsyncClient(timeout=2.0) as http:
-                return (await http.get(base_url + "/health")).status_code == 200
+                health = await http.get(base_url + "/health")
         except httpx.HTTPError:
-            return False
+            return "stopped answering /health"
+        if health.status_code == 200:
+            return None
+        state = health_json(health)
+        stalled = state.get("stalled_s")
+        held = f": its engine has held requests {stalled:.0f} s without a step" if stalled else ""
+        return f"answers /health {health.status_code} {state.get('status', '')}{held}".rstrip()
 
     def stop(self, instance_id: int) -> None:
         """Kill the server's whole process group (its engine processes too)."""

@@ -17,10 +17,11 @@ from runtime.fan_out import ServerAddr, fan_out, join_unless_refused
 ROUTE = "/init_process_group"
 
 
-def _server(status: int) -> ThreadingHTTPServer:
+def _server(status: int, delay_s: float = 0.0) -> ThreadingHTTPServer:
     class Answer(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - the handler's name is http.server's
             self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(delay_s)
             body = json.dumps({"detail": "this server serves another run"}).encode()
             self.send_response(status)
             self.end_headers()
@@ -70,4 +71,20 @@ def test_a_failed_rendezvous_names_the_server_that_said_why_else_raises_its_own_
             _join([ok], times_out)
     finally:
         for s in (ok, failing):
+            s.shutdown()
+
+
+def test_a_join_that_failed_waiting_names_the_server_that_never_answered_too():
+    """Seen live: server 1's engine stopped; server 0 waited 60 s in the group for it and
+    answered 504, and the run's error named server 0 only."""
+    failing, silent = _server(504), _server(200, delay_s=5)
+    try:
+        with pytest.raises(
+            LiveRunError,
+            match=r"server 0 did not join.*504.*generation server 1 has not answered "
+            r"/init_process_group",
+        ):
+            _join([failing, silent], lambda: time.sleep(30))
+    finally:
+        for s in (failing, silent):
             s.shutdown()

@@ -21,7 +21,7 @@ from policies.records import Completion, FinishReason, StepStats
 from policies.spec import load_spec
 from runtime.actor import Actor
 from runtime.errors import LiveRunError
-from runtime.gen_client import Generated, GenerationClient
+from runtime.gen_client import Generated, GenerationClient, SampleFailed
 from runtime.http_pool import POOL_LIMITS, SERVER_KEEP_ALIVE_S
 from runtime.live_run import make_actor
 from runtime.recorder import Recorder
@@ -83,6 +83,24 @@ class ResettingClient(FakeClient):
                 self.resets, self._since = self.resets - 1, 0
                 raise httpx.ReadError("")
             self._since += 1
+            async for out in super().stream((r,), dispatch_s, clock, priorities, seeds):
+                yield out
+
+
+class DyingEngineClient(FakeClient):
+    """After ``after`` completions its server's engine dies: the next sample comes back as
+    an error line (``EngineDeadError``), as vLLM's frontend reports it, and the server is
+    gone."""
+
+    def __init__(self, instance_id: int, world: FakeWorld, after: int) -> None:
+        super().__init__(instance_id, world)
+        self.after = after
+
+    async def stream(self, requests, dispatch_s, clock, priorities, seeds):
+        for r in requests:
+            if len(self.dispatched) >= self.after:
+                self.world.dead.add(self.instance_id)
+                raise SampleFailed(r, self.instance_id, "EngineDeadError: EngineCore died")
             async for out in super().stream((r,), dispatch_s, clock, priorities, seeds):
                 yield out
 
@@ -362,3 +380,14 @@ def test_the_clients_let_idle_connections_go_before_the_server_closes_them():
     client = GenerationClient(0, "http://127.0.0.1:9", 1.0)
     expiry = client.http._transport._pool._keepalive_expiry
     assert expiry == POOL_LIMITS.keepalive_expiry and expiry <= SERVER_KEEP_ALIVE_S / 2
+
+
+def test_a_dead_engines_error_line_is_a_lost_server_not_a_failed_run():
+    """Seen live: a server whose engine died (or that the run stopped as lost) answered its
+    held samples with EngineDeadError lines, and the run stopped on the first one."""
+    actor, world, trainer, recorder = _actor("stream-async", 2, break_after=None, restart=False)
+    actor.clients[1] = DyingEngineClient(1, world, after=3)
+    asyncio.run(_run(actor))
+    assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once, on server 0
+    lost = [f for f in recorder.faults if f.event == "lost"]
+    assert [f.instance_id for f in lost] == [1]
