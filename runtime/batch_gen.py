@@ -104,7 +104,8 @@ class BatchGenerator:
                 asyncio.create_task(self._one(f"tandem-{batch_id}-{i}", i, s, x, body, lines))
             )
         try:
-            steps = lambda: self.control.watch.steps  # noqa: E731
+            watch = getattr(self.control, "watch", None)  # runtime.engine_watch
+            steps = lambda: watch.steps if watch is not None else 0  # noqa: E731
             async for chunk in drain(lines, len(body.samples), steps, body.heartbeat_s):
                 yield chunk
         finally:
