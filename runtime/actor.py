@@ -151,6 +151,7 @@ class Actor:
             self.start_clock()
         self.spawn(self._trainer_loop())
         self.spawn(self.faults.watch())
+        self.spawn(self.faults.watch_health())
         try:
             await self._execute(self.controller.handle(Start(self.now())))
             while not self.controller.finished:

@@ -43,6 +43,7 @@ class EngineWatch:
         self.stall_s = stall_s
         self._clock = clock
         self._last = clock()  # the last step, request taken, or pause's end
+        self._stall: tuple[int, float] | None = None  # a stall seen: (steps then, since)
         processor = getattr(engine, "output_processor", None)
         self._unfinished = getattr(processor, "get_num_unfinished_requests", lambda: 0)
         if processor is not None:
@@ -58,19 +59,32 @@ class EngineWatch:
         if add is not None:
 
             async def add_request(*args, **kwargs):
-                self.touch()
+                self._last = self._clock()  # a request waits: the clock starts again
                 return await add(*args, **kwargs)
 
             engine.add_request = add_request
+        abort = getattr(engine, "abort", None)
+        if abort is not None:
+
+            async def abort_requests(*args, **kwargs):
+                self.stalled_for()  # a stall seen here outlasts the requests it held
+                return await abort(*args, **kwargs)
+
+            engine.abort = abort_requests
 
     def touch(self) -> None:
-        """The engine had reason not to step until now (a request came, a pause ended)."""
-        self._last = self._clock()
+        """The engine had reason not to step until now (a pause it answered ended)."""
+        self._last, self._stall = self._clock(), None
 
     def stalled_for(self) -> float | None:
         """Seconds the engine has held requests without stepping, if ``stall_s`` or more;
-        None while it steps or holds none."""
-        if not self._unfinished():
+        None while it steps or holds none. A stall once seen lasts until the engine steps
+        (or answers a pause): a client that gave up on it took its requests away, not the
+        hang."""
+        now = self._clock()
+        if self._stall is not None and self._stall[0] == self.steps:
+            return now - self._stall[1]
+        if not self._unfinished() or now - self._last < self.stall_s:
             return None
-        idle = self._clock() - self._last
-        return idle if idle >= self.stall_s else None
+        self._stall = (self.steps, self._last)
+        return now - self._last

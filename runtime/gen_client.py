@@ -17,10 +17,12 @@ import httpx
 from policies.records import Completion, FinishReason, Request
 from runtime.engine_proc import SERVED_MODEL_NAME
 from runtime.http_pool import POOL_LIMITS
+from runtime.procs import health_says
 
 # a stream silent this long is broken: a server whose engine steps sends an empty line
 # every 10 s (runtime/batch_gen.py) while no sample finishes
 STREAM_READ_TIMEOUT_S = 120.0
+HEALTH_TIMEOUT_S = 2.0  # a /health probe beside a running stream
 ENGINE_DEAD = "EngineDeadError"  # in a sample's error line: the server's engine died
 
 
@@ -156,6 +158,15 @@ class GenerationClient:
             version_prompt=d.get("version_prompt"),
         )
         return Generated(completion, d["text"], tuple(d["prompt_token_ids"]))
+
+    async def unwell(self) -> str | None:
+        """What the server's ``/health`` says where its engine cannot serve (a 503: stalled,
+        dead or stuck), else None: a 200, or no answer at all (the stream tells of that)."""
+        try:
+            health = await self._http.get("/health", timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError:
+            return None
+        return health_says(health) if health.status_code == 503 else None
 
     async def health(self) -> dict:
         resp = await self._http.get("/health")

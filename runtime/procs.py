@@ -206,6 +206,17 @@ def health_json(health: httpx.Response) -> dict:
     return body if isinstance(body, dict) else {}
 
 
+def health_says(health: httpx.Response) -> str | None:
+    """None for a ``/health`` 200, else what it says: its status and, for a stalled engine,
+    how long it has held requests without a step (runtime.control's 503 states)."""
+    if health.status_code == 200:
+        return None
+    state = health_json(health)
+    stalled = state.get("stalled_s")
+    held = f": its engine has held requests {stalled:.0f} s without a step" if stalled else ""
+    return f"answers /health {health.status_code} {state.get('status', '')}{held}".rstrip()
+
+
 def group_alive(pgid: int) -> bool:
     """Is any process of process group ``pgid`` still running (zombies do not count)?"""
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -2,9 +2,10 @@
 
 :class:`ServerFaults` tracks, per server, the requests dispatched to it and not yet
 returned, and which servers form the weight group. A server is marked lost the moment
-its stream breaks, a push finds it dead, or (for servers this run started) its process
-exits; the loss reaches the actor's loop as a :class:`Lost` event, in order with the
-samples that server returned before it died, and becomes the controller's
+its stream breaks, a push finds it dead, its ``/health`` says its engine stalled or died
+while it holds requests, or (for servers this run started) its process exits; the loss
+reaches the actor's loop as a :class:`Lost` event, in order with the samples that server
+returned before it died, and becomes the controller's
 ``InstanceLost``: its unreturned requests go to the other servers with the same sample
 ids (a returned sample is never sent again, so none is trained twice). Its process group
 is killed, the event is recorded (``faults.json``), and with ``live.restart_servers`` it
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 MAX_PUSH_ATTEMPTS = 3  # a push that finds dead servers goes again without them
 MAX_RESTARTS = 3  # per server and run
 MAX_STREAM_RETRIES = 2  # per dispatch, to a server that still answers /health
+HEALTH_PERIOD_S = 5.0  # how often a server with requests on it is asked /health
 
 
 class State(StrEnum):
@@ -83,9 +85,12 @@ class ActorPort(Protocol):
 
 
 class ServerFaults:
-    def __init__(self, actor: ActorPort, servers: Servers | None) -> None:
+    def __init__(
+        self, actor: ActorPort, servers: Servers | None, health_period_s: float = HEALTH_PERIOD_S
+    ) -> None:
         self.actor = actor
         self.servers = servers
+        self.health_period_s = health_period_s
         self.members: list[int] = sorted(actor.clients)  # the weight group (joined at start)
         self._group_stale = False  # a member died: the group must be made again
         self._state = {i: State.SERVING for i in actor.clients}
@@ -168,6 +173,20 @@ class ServerFaults:
                 ):
                     self.mark_lost(i, "its process exited")
             await asyncio.sleep(period_s)
+
+    async def watch_health(self) -> None:
+        """Notice a server whose engine hangs with requests on it (``/health`` 503: stalled,
+        dead or stuck) without waiting for its stream's read timeout."""
+        while True:
+            await asyncio.sleep(self.health_period_s)
+            busy = [i for i, running in self._inflight.items() if running and not self.is_lost(i)]
+            for i in busy:
+                if (says := await self.actor.clients[i].unwell()) is None:
+                    continue
+                cause = f"it {says}"
+                description = await self._confirm(i, cause)  # not a passing stall
+                if description is not None and not self.is_lost(i):
+                    self.mark_lost(i, cause, description)
 
     # -- a loss, in the actor's loop -----------------------------------------------------
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 
 from runtime.errors import describe_exit
-from runtime.procs import ServerProcess, describe_server, health_json, stop_server, wait_healthy
+from runtime.procs import ServerProcess, describe_server, health_says, stop_server, wait_healthy
 from runtime.trainer_proc import ServerAddr
 
 HEALTH_PROBES = 3  # failed /health probes, 0.5 s apart, before a server counts as lost
@@ -98,12 +98,7 @@ class Servers:
                 health = await http.get(base_url + "/health")
         except httpx.HTTPError:
             return "stopped answering /health"
-        if health.status_code == 200:
-            return None
-        state = health_json(health)
-        stalled = state.get("stalled_s")
-        held = f": its engine has held requests {stalled:.0f} s without a step" if stalled else ""
-        return f"answers /health {health.status_code} {state.get('status', '')}{held}".rstrip()
+        return health_says(health)
 
     def stop(self, instance_id: int) -> None:
         """Kill the server's whole process group (its engine processes too)."""

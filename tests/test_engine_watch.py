@@ -29,6 +29,9 @@ class _Engine:
         self.added.append(request_id)
         return request_id
 
+    async def abort(self, request_id: str, internal: bool = False) -> None:
+        self.output_processor.unfinished -= 1
+
 
 def test_stalled_only_while_holding_requests_without_a_step_or_a_new_request():
     now = [100.0]
@@ -48,6 +51,34 @@ def test_stalled_only_while_holding_requests_without_a_step_or_a_new_request():
     assert watch.stalled_for() == pytest.approx(61.0)
     watch.touch()  # a weight update's pause ended
     assert watch.stalled_for() is None
+    engine.output_processor.unfinished = 0
+    now[0] += 600
+    assert watch.stalled_for() is None
+
+
+def test_a_stall_seen_lasts_until_a_step_though_its_requests_were_taken_away():
+    """Seen live: a run's stream to a hung engine timed out and closed, which aborted its
+    requests; the server then answered /health 200 and was taken for alive."""
+    now = [0.0]
+    engine = _Engine()
+    watch = EngineWatch(engine, stall_s=60.0, clock=lambda: now[0])
+    engine.output_processor.unfinished = 2
+    now[0] += 61
+    assert watch.stalled_for() == pytest.approx(61.0)
+    engine.output_processor.unfinished = 0  # the client gave up: its requests aborted
+    now[0] += 5
+    assert watch.stalled_for() == pytest.approx(66.0)
+    watch.touch()  # a pause it answered: alive
+    assert watch.stalled_for() is None
+    engine.output_processor.unfinished = 1  # stalled again; nobody asks /health until the
+    now[0] += 61  # client gives up and aborts (vLLM's generator calls engine.abort)
+    asyncio.run(engine.abort("r"))
+    assert engine.output_processor.unfinished == 0
+    assert watch.stalled_for() == pytest.approx(61.0)
+    asyncio.run(engine.add_request("again"))  # a new request does not show it alive
+    engine.output_processor.unfinished = 1
+    assert watch.stalled_for() == pytest.approx(61.0)
+    engine.output_processor.process_outputs([])  # it stepped: alive again
     engine.output_processor.unfinished = 0
     now[0] += 600
     assert watch.stalled_for() is None

@@ -65,6 +65,9 @@ class FakeClient:
         self.world.clients_made.append(client)
         return client
 
+    async def unwell(self) -> str | None:
+        return "answers /health 503 stalled" if self.instance_id in self.world.hung else None
+
     async def aclose(self) -> None:
         pass
 
@@ -105,6 +108,23 @@ class DyingEngineClient(FakeClient):
                 yield out
 
 
+class HangingClient(FakeClient):
+    """After ``after`` completions its server's engine hangs: the stream stays open with
+    nothing more on it, the process lives, and ``/health`` says stalled."""
+
+    def __init__(self, instance_id: int, world: FakeWorld, after: int) -> None:
+        super().__init__(instance_id, world)
+        self.after = after
+
+    async def stream(self, requests, dispatch_s, clock, priorities, seeds):
+        for r in requests:
+            if len(self.dispatched) >= self.after:
+                self.world.hung.add(self.instance_id)
+                await asyncio.Event().wait()  # as long as the stream's read timeout
+            async for out in super().stream((r,), dispatch_s, clock, priorities, seeds):
+                yield out
+
+
 def _completion(r, instance_id: int, version: int, now: float) -> Completion:
     return Completion(
         request=r, instance_id=instance_id, output_tokens=2, finish_reason=FinishReason.STOP,
@@ -116,6 +136,7 @@ def _completion(r, instance_id: int, version: int, now: float) -> Completion:
 class FakeWorld:
     def __init__(self, num_servers: int) -> None:
         self.dead: set[int] = set()
+        self.hung: set[int] = set()  # alive, their engines stalled
         self.served = dict.fromkeys(range(num_servers), 0)  # instance -> version it serves
         self.clients_made: list[FakeClient] = []
         self.stopped: list[int] = []
@@ -173,6 +194,8 @@ class FakeServers(Servers):
     async def confirm_lost(self, instance_id: int, cause: str) -> str | None:
         if instance_id in self.world.dead:
             return f"generation server {instance_id} (pid 4{instance_id}) killed by SIGKILL"
+        if instance_id in self.world.hung:
+            return f"generation server {instance_id} answers /health 503 stalled ({cause})"
         return None
 
     def stop(self, instance_id: int) -> None:
@@ -391,3 +414,16 @@ def test_a_dead_engines_error_line_is_a_lost_server_not_a_failed_run():
     assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once, on server 0
     lost = [f for f in recorder.faults if f.event == "lost"]
     assert [f.instance_id for f in lost] == [1]
+
+
+def test_a_server_whose_engine_hangs_is_lost_by_its_health_not_its_streams_timeout():
+    """Seen live: an engine stopped with requests on it held the run until the stream's
+    read timeout (120 s); its /health said stalled long before."""
+    actor, world, trainer, recorder = _actor("stream-async", 2, break_after=None, restart=False)
+    actor.clients[1] = HangingClient(1, world, after=3)
+    actor.faults.health_period_s = 0.05
+    asyncio.run(_run(actor))  # without the probe: hangs until wait_for's 30 s
+    assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once
+    lost = [f for f in recorder.faults if f.event == "lost"]
+    assert [f.instance_id for f in lost] == [1] and "503 stalled" in lost[0].detail
+    assert world.stopped == [1]
