@@ -90,34 +90,21 @@ class ResettingClient(FakeClient):
                 yield out
 
 
-class DyingEngineClient(FakeClient):
-    """After ``after`` completions its server's engine dies: the next sample comes back as
-    an error line (``EngineDeadError``), as vLLM's frontend reports it, and the server is
-    gone."""
+class FailingEngineClient(FakeClient):
+    """After ``after`` completions its server's engine fails as ``how`` says: ``"dies"``:
+    the next sample comes back as an error line (``EngineDeadError``), as vLLM's frontend
+    reports it, and the server is gone; ``"hangs"``: the stream stays open with nothing
+    more on it, the process lives, and ``/health`` says stalled."""
 
-    def __init__(self, instance_id: int, world: FakeWorld, after: int) -> None:
+    def __init__(self, instance_id: int, world: FakeWorld, after: int, how: str) -> None:
         super().__init__(instance_id, world)
-        self.after = after
+        self.after, self.how = after, how
 
     async def stream(self, requests, dispatch_s, clock, priorities, seeds):
         for r in requests:
-            if len(self.dispatched) >= self.after:
+            if len(self.dispatched) >= self.after and self.how == "dies":
                 self.world.dead.add(self.instance_id)
                 raise SampleFailed(r, self.instance_id, "EngineDeadError: EngineCore died")
-            async for out in super().stream((r,), dispatch_s, clock, priorities, seeds):
-                yield out
-
-
-class HangingClient(FakeClient):
-    """After ``after`` completions its server's engine hangs: the stream stays open with
-    nothing more on it, the process lives, and ``/health`` says stalled."""
-
-    def __init__(self, instance_id: int, world: FakeWorld, after: int) -> None:
-        super().__init__(instance_id, world)
-        self.after = after
-
-    async def stream(self, requests, dispatch_s, clock, priorities, seeds):
-        for r in requests:
             if len(self.dispatched) >= self.after:
                 self.world.hung.add(self.instance_id)
                 await asyncio.Event().wait()  # as long as the stream's read timeout
@@ -409,7 +396,7 @@ def test_a_dead_engines_error_line_is_a_lost_server_not_a_failed_run():
     """Seen live: a server whose engine died (or that the run stopped as lost) answered its
     held samples with EngineDeadError lines, and the run stopped on the first one."""
     actor, world, trainer, recorder = _actor("stream-async", 2, break_after=None, restart=False)
-    actor.clients[1] = DyingEngineClient(1, world, after=3)
+    actor.clients[1] = FailingEngineClient(1, world, after=3, how="dies")
     asyncio.run(_run(actor))
     assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once, on server 0
     lost = [f for f in recorder.faults if f.event == "lost"]
@@ -420,7 +407,7 @@ def test_a_server_whose_engine_hangs_is_lost_by_its_health_not_its_streams_timeo
     """Seen live: an engine stopped with requests on it held the run until the stream's
     read timeout (120 s); its /health said stalled long before."""
     actor, world, trainer, recorder = _actor("stream-async", 2, break_after=None, restart=False)
-    actor.clients[1] = HangingClient(1, world, after=3)
+    actor.clients[1] = FailingEngineClient(1, world, after=3, how="hangs")
     actor.faults.health_period_s = 0.05
     asyncio.run(_run(actor))  # without the probe: hangs until wait_for's 30 s
     assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once
