@@ -35,7 +35,10 @@ class LiveSection(Section):
     )
     temperature: float = Field(1.0, ge=0, description="sampling temperature")
     checkpoint_every: int = count(
-        1, ge=1, description="optimizer steps between checkpoints (a huge value: never)"
+        1,
+        ge=1,
+        description="optimizer steps between checkpoints; the run's last step always "
+        "checkpoints (a value above run.iterations: that one only)",
     )
     checkpoint_min_interval_s: float = Field(
         0.0,

@@ -174,8 +174,8 @@ class CheckpointWriter:
 @dataclass(slots=True)
 class CheckpointCadence:
     """Which optimizer steps checkpoint: every ``every``-th, skipped while the last one is
-    younger than ``min_interval_s`` seconds of the run clock, except the run's last step
-    (``num_steps``, global), so that a finished run can be exported. The interval bounds
+    younger than ``min_interval_s`` seconds of the run clock, and the run's last step
+    (``num_steps``, global) whatever its number, so that a finished run exports it. The interval bounds
     what a crash loses in time, not in steps: where a step takes a tenth of a second, a
     checkpoint each step costs the trainer a quarter of its CPU."""
 
@@ -186,10 +186,8 @@ class CheckpointCadence:
 
     def due(self, step: int, now_s: float) -> bool:
         """Whether global ``step`` checkpoints; if it does, its time is the last one's."""
-        if (step + 1) % self.every:
-            return False
         final = self.num_steps is not None and step + 1 >= self.num_steps
-        if not final and now_s - self.last_s < self.min_interval_s:
+        if not final and ((step + 1) % self.every or now_s - self.last_s < self.min_interval_s):
             return False
         self.last_s = now_s
         return True

@@ -100,7 +100,8 @@ def test_a_cadence_skips_steps_within_its_interval_but_never_the_last():
     cadence = CheckpointCadence(every=2, min_interval_s=0.35, num_steps=12)
     due = [step for step in range(12) if cadence.due(step, 0.1 * (step + 1))]
     assert due == [3, 7, 11]  # 0.4 s, 0.8 s (0.4 after), and the last, although 0.4 after
-    plain = CheckpointCadence(every=3, num_steps=10)  # no interval: every 3rd, as before
-    assert [step for step in range(10) if plain.due(step, 0.0)] == [2, 5, 8]  # 9 is not due
+    plain = CheckpointCadence(every=3, num_steps=10)  # no interval: every 3rd, and the last
+    # (before: 9 was not due, so a finished run's export gave step 8's weights)
+    assert [step for step in range(10) if plain.due(step, 0.0)] == [2, 5, 8, 9]
     resumed = CheckpointCadence(every=1, min_interval_s=5.0, num_steps=100)
     assert resumed.due(40, 61.0) and not resumed.due(41, 62.0)  # timed from the last one
