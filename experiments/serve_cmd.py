@@ -6,10 +6,10 @@ import argparse
 import importlib.util
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from experiments.arg_types import port, positive_float, positive_int
+from runtime.model import check_model_dir
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -68,12 +68,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for module in ("vllm", "torch", "fastapi"):
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"No module named {module!r}", name=module)
-    if not Path(args.model_dir).is_dir():
-        raise ValueError(f"serve: model directory {args.model_dir} does not exist")
-    if not (Path(args.model_dir) / "config.json").is_file():
+    check_model_dir(args.model_dir, "serve: model directory")
+    from runtime.procs import port_in_use
+
+    if port_in_use(args.host, args.port):  # else vLLM's traceback, after its engine started
         raise ValueError(
-            f"serve: {args.model_dir} has no config.json: not a Hugging Face model directory "
-            "(tandem model path builds the embedded one; tandem export writes a trained one)"
+            f"serve: {args.host}:{args.port} is already in use (another server or process "
+            "listens there); choose another --port"
         )
     env = {**os.environ, "TANDEM_TOKEN": token or ""}
     if args.api_key:

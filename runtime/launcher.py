@@ -42,6 +42,7 @@ from runtime.live_run import (
     model_dir_for,
     trainer_config,
 )
+from runtime.model import check_model_dir
 from runtime.procs import (
     ServerProcess,
     server_core_sets,
@@ -82,6 +83,8 @@ def _check_supported(spec: RunSpec) -> None:
         )
     if not spec.live.server_urls:  # attached servers: their own context (check_attached)
         check_context(task_set(spec), spec.live.max_model_len)
+    if spec.model.path:
+        check_model_dir(spec.model.path, "model.path")
 
 
 def run_live(

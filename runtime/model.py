@@ -54,6 +54,21 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "tandem"
 
 
+def check_model_dir(path: str, what: str) -> None:
+    """Refuse a model directory that ``transformers`` and vLLM could not load, naming
+    ``what`` (the spec key or option) before anything starts."""
+    where = Path(path)
+    if not where.exists():
+        raise ValueError(f"{what} {path} does not exist")
+    if not where.is_dir():
+        raise ValueError(f"{what} {path} is a file, not a model directory")
+    if not (where / "config.json").is_file():
+        raise ValueError(
+            f"{what} {path} has no config.json: not a Hugging Face model directory "
+            "(tandem model path builds the embedded one; tandem export writes a trained one)"
+        )
+
+
 def ensure_tiny_model(
     seed: int = 0, config: TinyModelConfig | None = None, on_progress: BuildProgress | None = None
 ) -> Path:
