@@ -32,9 +32,12 @@ def inference_key(live: LiveSection) -> str | None:
     return live.api_key or os.environ.get("TANDEM_API_KEY") or None
 
 
+Shapes = dict[str, tuple[int, ...]]  # a model's parameter names and shapes
+
+
 def check_attached(
     urls: list[str], token: str | None, owner: str | None = None, api_key: str | None = None,
-    tasks: TaskSet | None = None, timeout_s: float = 5.0,
+    tasks: TaskSet | None = None, params: Shapes | None = None, timeout_s: float = 5.0,
 ) -> None:  # fmt: skip
     """Each server of ``live.server_urls`` answers ``/health``, serves no other run than
     ``owner`` (runtime.lease), takes ``token`` on its control routes and ``api_key`` on its
@@ -42,7 +45,8 @@ def check_attached(
     the run waits on a weight group the server never joins). The token is tried with a GET
     of ``/init_process_group``: past the guard that POST route answers 405, at it 401/403;
     the API key with ``GET /v1/models``, whose ``max_model_len`` must hold ``tasks``'
-    longest prompt and answer (:func:`runtime.tasks.check_context`)."""
+    longest prompt and answer (:func:`runtime.tasks.check_context`); and it serves a model
+    with the parameters ``params`` (the trainer's ``model.path``): names and shapes."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     key = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     for i, url in enumerate(urls):
@@ -86,6 +90,38 @@ def check_attached(
                 check_context(tasks, context, f"{name}'s max_model_len")
             except ValueError as err:
                 raise LiveRunError(f"{err} (tandem serve --max-model-len)") from None
+        if params is not None:
+            served = httpx.get(base + "/v1/tandem/params", headers=key, timeout=timeout_s)
+            if served.status_code == 200:  # (a server older than the route: its updates check)
+                _check_params(name, params, _shapes(served))
+
+
+def _shapes(answer: httpx.Response) -> Shapes:
+    try:
+        return {str(n): tuple(int(d) for d in shape) for n, shape in answer.json()["params"]}
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def _check_params(name: str, params: Shapes, served: Shapes) -> None:
+    """The trainer's model against the one ``name`` serves (else the pushes would set only
+    the parameters they share, and the run train one model on another's samples)."""
+    if served == params:
+        return
+    only_ours = [n for n in params if n not in served]
+    only_served = [n for n in served if n not in params]
+    reshaped = [n for n in params if n in served and served[n] != params[n]]
+    if only_ours or only_served:
+        first = (only_ours or only_served)[0]
+        where = "model.path" if only_ours else "the served model"
+        differs = f"{len(params)} parameters against {len(served)}; {first!r} only in {where}"
+    else:
+        first = reshaped[0]
+        differs = f"{first!r} is {list(params[first])} against {list(served[first])} served"
+    raise LiveRunError(
+        f"{name} serves another model than model.path ({differs}); serve the run's model "
+        "(tandem serve MODEL_DIR) or set model.path to the served one"
+    )
 
 
 def _max_model_len(models: httpx.Response) -> int | None:

@@ -96,6 +96,13 @@ def check_metas(
                 f"{where}.dtype",
                 f"{m.name!r} is {m.dtype}, the served model is {served_dtype}: send {served_dtype}",
             )
+    missing = [name for name in manifest if name not in seen]
+    if missing:  # a model that differs from the served one would leave these as they were
+        raise UpdateRejected(
+            "params",
+            f"{len(missing)} of the served model's {len(manifest)} parameters missing (first "
+            f"{missing[0]!r}): the sender's model is not the one served",
+        )
 
 
 def check_digests(metas: list[ParamMeta], digests: list[BucketDigest]) -> None:

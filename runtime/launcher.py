@@ -42,7 +42,7 @@ from runtime.live_run import (
     model_dir_for,
     trainer_config,
 )
-from runtime.model import check_model_dir
+from runtime.model import check_model_dir, state_shapes
 from runtime.procs import (
     ServerProcess,
     server_core_sets,
@@ -197,7 +197,8 @@ def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
     """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
     live, owner = spec.live, owner_of(out_dir)
     if live.server_urls:
-        check_attached(live.server_urls, token, owner, inference_key(live), task_set(spec))
+        params = state_shapes(model_dir)  # the trainer's model against the served ones
+        check_attached(live.server_urls, token, owner, inference_key(live), task_set(spec), params)
         slots = [ServerSlot(i, u) for i, u in enumerate(live.server_urls)]
         return Servers(slots, token, owner=owner)
     start = functools.partial(_start_server, spec, model_dir, token, core_sets, out_dir)

@@ -69,6 +69,17 @@ def check_model_dir(path: str, what: str) -> None:
         )
 
 
+def state_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of the tensors a trainer on ``model_dir`` holds (and pushes):
+    its state dict as its config builds it, on the meta device (no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
 def ensure_tiny_model(
     seed: int = 0, config: TinyModelConfig | None = None, on_progress: BuildProgress | None = None
 ) -> Path:

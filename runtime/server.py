@@ -7,6 +7,7 @@ vLLM builds the app (``/v1/completions``, ``/v1/chat/completions``, ... on an
   time: :mod:`runtime.lease`; ``POST /release`` frees the server at the run's end);
 * ``POST /request_weight_update`` — pause (keep), receive and load, resume; answers when
   loaded (see :mod:`runtime.control`);
+* ``GET /v1/tandem/params`` — the served model's parameter names and shapes;
 * ``GET /health`` — replaces vLLM's, adding the served weight version;
 * ``GET /weights/checksums`` — checksums of the last loaded tensors (checkpoint layout);
 * ``POST /v1/tandem/generate`` — the actor's route: many samples per request, each
@@ -130,6 +131,10 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
     async def tandem_generate(body: BatchBody) -> StreamingResponse:
         lease.renew()
         return StreamingResponse(batch.stream(body), media_type="application/x-ndjson")
+
+    @router.get("/v1/tandem/params")
+    async def params() -> dict:  # a run checks its trainer's model against the served one
+        return {"params": [[name, list(shape)] for name, (shape, _) in control.manifest.items()]}
 
     @router.get("/weights/checksums")
     async def checksums() -> dict:

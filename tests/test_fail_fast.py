@@ -209,7 +209,9 @@ def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_ke
 
     class Server(BaseHTTPRequestHandler):  # as tandem serve answers these GETs
         def do_GET(self):  # noqa: N802 - the handler's name is http.server's
-            path = self.path.removeprefix("/sick").removeprefix("/plain").removeprefix("/short")
+            path = self.path
+            for prefix in ("/sick", "/plain", "/short", "/other"):
+                path = path.removeprefix(prefix)
             body = b""
             if self.path.startswith("/sick"):
                 status = 503
@@ -219,6 +221,11 @@ def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_ke
                 status = 200 if self.headers.get("Authorization") == "Bearer key" else 401
                 context = 64 if self.path.startswith("/short") else 512
                 body = json.dumps({"data": [{"id": "m", "max_model_len": context}]}).encode()
+            elif path == "/v1/tandem/params":  # the served model's names and shapes
+                status, shapes = 200, [["embed", [64, 8]], ["head", [8, 64]]]
+                if self.path.startswith("/other"):
+                    shapes.append(["layers.1", [8, 8]])
+                body = json.dumps({"params": shapes}).encode()
             elif self.path.startswith("/plain"):
                 status = 404  # a server without tandem's routes
             elif self.headers.get("Authorization") != "Bearer right":
@@ -254,6 +261,16 @@ def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_ke
             LiveRunError, match=r"server_urls\[1\] .*/short's max_model_len \(64\) is shorter"
         ):
             check_attached([url, url + "/short"], "right", api_key="key", tasks=tasks)
+        # before: a trainer on another model than the served one trained on, exit 0
+        params = {"embed": (64, 8), "head": (8, 64)}
+        check_attached([url], "right", api_key="key", params=params)
+        with pytest.raises(
+            LiveRunError, match=r"server_urls\[1\] .*/other serves another model than "
+            r"model.path \(2 parameters against 3; 'layers.1' only in the served model\)",
+        ):  # fmt: skip
+            check_attached([url, url + "/other"], "right", api_key="key", params=params)
+        with pytest.raises(LiveRunError, match=r"'head' is \[8, 32\] against \[8, 64\] served"):
+            check_attached([url], "right", api_key="key", params={**params, "head": (8, 32)})
         server.shutdown()
 
 

@@ -132,6 +132,11 @@ def test_the_metadata_checks_name_the_first_bad_tensor_before_any_pause():
     half = params_meta([(n, t.half()) for n, t in named])
     with pytest.raises(UpdateRejected, match=r"params\[0\]\.dtype: .*float16.*float32"):
         check_metas(half, manifest, "float32")
+    # a trainer on a smaller model than the one served (seen live: 12 of 21 tensors taken,
+    # the rest kept as they were, exit 0)
+    with pytest.raises(UpdateRejected, match=r"params: 11 of the served model's 21 .*'layer10"):
+        check_metas(metas[:10], manifest, "float32")
+    check_metas(metas, manifest, "float32")
     flats = WeightSender().pack(named[:10])
     short = WeightSender().digests(named[:10], flats)  # the sender packs 10 of 21
     with pytest.raises(UpdateRejected, match=r"num_tensors.*params\[10\] 'layer10.weight'"):
