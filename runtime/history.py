@@ -18,16 +18,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from runtime.recorder import DataPosition
 
 JOURNAL = "history.jsonl"
+_NEXT_STEP = re.compile(rb'\{"next_step":(\d+)')  # how each line begins (DataPosition.to_dict)
 
 
 def journal_path(checkpoint: str | Path) -> Path:
     """The journal of the checkpoints beside ``checkpoint`` (``last.pt`` or ``last.dcp``)."""
     return Path(checkpoint).parent / JOURNAL
+
+
+def journal_steps(path: str | Path) -> int | None:
+    """The steps the journal's last complete line covers (its ``next_step``), without
+    parsing the lines' samples; None without a journal or a complete line."""
+    if not Path(path).exists():
+        return None
+    last = None
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.endswith(b"\n") and (found := _NEXT_STEP.match(raw)) is not None:
+                last = int(found.group(1))
+    return last
 
 
 class HistoryJournal:

@@ -5,7 +5,8 @@ holds a checkpoint (``checkpoints/last.pt``, or ``last.dcp`` of a run on Ray) is
 the same thing: :func:`training_changes` compares every key but the operational ones
 (:data:`OPERATIONAL_KEYS`: where servers run, tokens, threads, ...), and a change is
 refused naming its keys unless ``force_new_spec``, which goes on and keeps the new spec
-beside the original as ``spec.resumed-N.yaml``.
+beside the original as ``spec.resumed-N.yaml``; from then on that newest spec is the one
+a resume is checked against and the one its resume command names.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Any
 from policies.results import write_atomic
 from policies.spec import RunSpec, SpecError, load_spec
 from runtime.checkpoints import CHECKPOINT_DIR, LAST, LAST_SHARDED, readable
+from runtime.history import journal_path, journal_steps
+
+SPEC = "spec.yaml"  # the run's original spec, written when it starts and never again
 
 # keys a resumed run may change: they decide where and how the run's processes run, not
 # what is trained (prefixes end in ".")
@@ -28,6 +32,14 @@ OPERATIONAL_KEYS = (
     "live.checkpoint_every", "live.checkpoint_min_interval_s", "live.device",
     "live.cost_model", "live.warm_up_tokens", "live.skip_zero_advantage", "live.share_prompts",
 )  # fmt: skip
+
+
+def newest_spec(run: Path) -> Path:
+    """The spec a run directory's run last ran: its highest ``spec.resumed-N.yaml``, else
+    ``spec.yaml``."""
+    resumed = [(int(p.stem.rsplit("-", 1)[1]), p) for p in run.glob("spec.resumed-*.yaml")
+               if p.stem.rsplit("-", 1)[1].isdigit()]  # fmt: skip
+    return max(resumed)[1] if resumed else run / SPEC
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -67,7 +79,8 @@ class RunDir:
 
     @property
     def spec_path(self) -> Path:
-        return self.path / "spec.yaml"
+        """The spec the run last ran: its newest ``spec.resumed-N.yaml``, else ``spec.yaml``."""
+        return newest_spec(self.path)
 
     def resume_command(self) -> str:
         ray = "" if self.ray_address is None else " --ray"
@@ -80,7 +93,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self._check_trainer_kind()
         if readable(self.checkpoint) is None:
-            write_atomic(self.spec_path, spec.to_yaml().encode())
+            write_atomic(self.path / SPEC, spec.to_yaml().encode())
             return
         if not self.spec_path.exists():
             if not force_new_spec:
@@ -88,7 +101,7 @@ class RunDir:
                     f"{self.path} holds a checkpoint but no spec.yaml to check this spec "
                     "against; pass --force-new-spec to resume anyway"
                 )
-            write_atomic(self.spec_path, spec.to_yaml().encode())
+            write_atomic(self.path / SPEC, spec.to_yaml().encode())
             return
         changes = training_changes(load_spec(self.spec_path), spec)
         if changes and not force_new_spec:
@@ -102,11 +115,14 @@ class RunDir:
 
     def finished(self, spec: RunSpec) -> bool:
         """The run trained ``spec``'s every step and saved its results (a resume would
-        start every process only to find nothing to do)."""
+        start every process only to find nothing to do); not where a later part of the run
+        checkpointed steps past those results and stopped before it saved its own."""
         steps, metrics = self.path / "steps.json", self.path / "metrics.json"
         if readable(self.checkpoint) is None or not (steps.exists() and metrics.exists()):
             return False
-        return len(json.loads(steps.read_text())) >= spec.run.iterations
+        saved = len(json.loads(steps.read_text()))
+        checkpointed = journal_steps(journal_path(self.checkpoint))
+        return saved >= spec.run.iterations and (checkpointed is None or checkpointed <= saved)
 
     def _check_trainer_kind(self) -> None:
         """A run checkpointed by one trainer process resumes locally, a sharded one on Ray."""

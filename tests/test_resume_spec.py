@@ -75,3 +75,35 @@ def test_a_checkpoint_without_its_spec_is_not_resumed_blindly(tmp_path):
     (out / "spec.yaml").unlink()
     with pytest.raises(SpecError, match="no spec.yaml"):
         RunDir(out).prepare(load_spec(CONFIG))
+
+
+def test_after_a_forced_change_a_resume_is_checked_against_the_newest_spec(tmp_path):
+    """Before: every resume was checked against the original spec.yaml, so the suggested
+    resume command (naming spec.yaml) ran the pre-change spec and found the run finished."""
+    out = _finished_run(tmp_path)
+    longer = load_spec(CONFIG, [DEAD_SERVER, "run.iterations=30"])
+    RunDir(out).prepare(longer, force_new_spec=True)
+    RunDir(out).prepare(longer)  # the spec it last ran: no --force-new-spec again
+    assert not (out / "spec.resumed-2.yaml").exists()
+    assert (
+        RunDir(out).resume_command() == f"tandem run {out}/spec.resumed-1.yaml --live --out {out}"
+    )
+    with pytest.raises(SpecError, match=r"run.iterations \(30 → 6\).*spec.resumed-1.yaml"):
+        RunDir(out).prepare(load_spec(out / "spec.yaml"))
+
+
+def test_results_older_than_the_last_checkpoint_are_not_a_finished_run(tmp_path):
+    """Seen: a run extended with --force-new-spec and killed at step 9 was taken, on the
+    next resume, for finished by its first part's 4 saved steps."""
+    out = _finished_run(tmp_path)
+    spec = load_spec(CONFIG, [DEAD_SERVER, "run.iterations=4"])
+    (out / "steps.json").write_text("[" + ", ".join(["{}"] * 4) + "]")
+    (out / "metrics.json").write_text("{}")
+    journal = out / "checkpoints" / "history.jsonl"
+    journal.write_text("".join(f'{{"next_step":{n},"samples":[]}}\n' for n in (2, 4)))
+    assert RunDir(out).finished(spec)
+    with journal.open("a") as f:
+        f.write('{"next_step":10,"samples":[]}\n{"next_step":12,"sam')  # the last line torn
+    assert not RunDir(out).finished(spec)  # checkpointed through step 9, saved 4
+    journal.write_text('{"next_step":4,"samples":[]}\n{"next_step":6,"sam')
+    assert RunDir(out).finished(spec)  # a torn line is no checkpoint
