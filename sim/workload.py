@@ -126,7 +126,7 @@ class Workload:
 
     def _lengths(self, iteration: int, prompt_ids: np.ndarray, epochs: np.ndarray) -> np.ndarray:
         if self._trace is not None:
-            return self._trace_lengths(prompt_ids, epochs)
+            return self._trace_lengths(prompt_ids, epochs, self.max_tokens_at(iteration))
         w = self.spec.workload
         z_prompt = np.array([self._epoch_latent(int(e))[p] for p, e in zip(prompt_ids, epochs)])
         z_prompt = np.repeat(z_prompt, self._group)
@@ -142,20 +142,24 @@ class Workload:
             self._epoch_z[epoch] = np.sqrt(rho) * self._prompt_z + np.sqrt(1 - rho) * noise
         return self._epoch_z[epoch]
 
-    def _trace_lengths(self, prompt_ids: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+    def _trace_lengths(
+        self, prompt_ids: np.ndarray, epochs: np.ndarray, max_tokens: int
+    ) -> np.ndarray:
         assert self._trace is not None
         out = []
         for p, e in zip(prompt_ids, epochs):
             row = self._trace[int(p)]
             for g in range(self._group):
                 out.append(row[(int(e) * self._group + g) % len(row)])
-        return np.minimum(np.asarray(out, int), self.spec.workload.max_output_tokens)
+        return np.minimum(np.asarray(out, int), max_tokens)
 
     def sample_lengths(self, num_samples: int, iteration: int = 0) -> np.ndarray:
-        """Independent draws of output lengths (for calibration and stage-time models)."""
+        """Independent draws of output lengths (for calibration and stage-time models),
+        capped as the run caps them (a trace's too: the allocator sized the stages by the
+        uncapped lengths while the run generated the capped ones)."""
         if self._trace is not None:
             flat = np.concatenate([np.asarray(r, int) for r in self._trace])
-            return np.resize(flat, num_samples)
+            return np.minimum(np.resize(flat, num_samples), self.max_tokens_at(iteration))
         z = self._rngs.get("workload-calibration").standard_normal(num_samples)
         assert self._dist is not None
         return self._dist.tokens(z, self.max_tokens_at(iteration))
@@ -174,6 +178,18 @@ def _load_trace(path: Path) -> tuple[list[list[int]], np.ndarray | None]:
     if missing:
         raise ValueError(
             f"workload.trace_path: {path} lacks column(s) {', '.join(sorted(missing))}"
+        )
+    if frame.empty:
+        raise ValueError(f"workload.trace_path: {path} has no rows")
+    tokens = pd.to_numeric(frame["output_tokens"], errors="coerce")
+    bad = ~(tokens.notna() & (tokens >= 1) & (tokens == tokens.round()))
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        value = frame["output_tokens"].iloc[row]
+        shown = f"{value:g}" if isinstance(value, (int, float, np.number)) else repr(value)
+        raise ValueError(
+            f"workload.trace_path: {path} data row {row + 1}: output_tokens {shown} is not "
+            "a whole number of tokens >= 1"
         )
     grouped = frame.groupby("prompt_id", sort=True)
     lengths = [list(map(int, g)) for _, g in grouped["output_tokens"]]
