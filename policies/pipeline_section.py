@@ -3,7 +3,7 @@ reach the instances."""
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from policies.cluster import MAX_ITERATIONS, check_name, count
 from policies.cluster import Section as _Section
@@ -71,6 +71,31 @@ class PipelineSection(_Section):
         traits = MODES.get(mode)
         bound = traits.staleness_bound(value, steps)
         return bound if traits.fixed_lag(steps) is None else value
+
+    @field_validator("steps_per_generation")
+    @classmethod
+    def _steps_of_the_mode(cls, value: int, info: ValidationInfo) -> int:
+        mode = info.data.get("mode")
+        if value != 1 and mode is not None and not MODES.get(mode).conventional:
+            raise ValueError(
+                f"{value} applies to mode 'conventional' only, not {mode!r}: leave it 1"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _inflight_of_the_mode(self) -> PipelineSection:
+        """Running requests meet a weight update only where weights load in flight: the
+        ``pipeline`` mode, or a wave mode with ``overlap_waves``; elsewhere an update waits
+        for the servers to drain, and another ``inflight`` would change nothing."""
+        if self.inflight == InflightHandling.KEEP or self.mode not in MODES:
+            return self
+        if not (MODES.get(self.mode).continuous or self.overlap_waves):
+            raise ValueError(
+                f"pipeline.inflight {self.inflight.value!r}: mode {self.mode!r} updates "
+                "weights between batches, with no request running; it applies to mode "
+                "'pipeline' and to pipeline.overlap_waves only: leave it keep"
+            )
+        return self
 
     @field_validator("push_every")
     @classmethod

@@ -250,6 +250,17 @@ class RunSpec(_Section):
         return self
 
     @model_validator(mode="after")
+    def _whole_rounds(self) -> RunSpec:
+        steps = self.pipeline.steps_per_generation
+        if self.run.iterations % steps:
+            raise ValueError(
+                f"run.iterations ({self.run.iterations}) must be a multiple of "
+                f"pipeline.steps_per_generation ({steps}): conventional generates one batch "
+                "for that many steps"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _bounded_run(self) -> RunSpec:
         num_samples = self.run.iterations * self.algorithm.batch_size
         if num_samples > MAX_RUN_SAMPLES:
@@ -301,8 +312,10 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
     switches ``pipeline.mode`` to a mode fixing its own lag, without setting
     ``pipeline.max_lag`` too, drops the old spec's ``max_lag``: that belonged to the old
     mode (a ``pipeline`` base, or live-tiny's lag for ``pipeline`` runs); likewise one
-    switching to a mode that is not continuous drops ``pipeline.push_every``, and one
-    switching to a mode ``pipeline.overlap_waves`` does not apply to drops that."""
+    switching to a mode that is not continuous drops ``pipeline.push_every`` (and
+    ``pipeline.inflight`` unless the waves overlap), one switching to a mode
+    ``pipeline.overlap_waves`` does not apply to drops that, and one leaving
+    ``conventional`` drops ``pipeline.steps_per_generation``."""
     data = apply_overrides(spec.model_dump(mode="json"), overrides)
     keys = {".".join(parse_override(text)[0]) for text in overrides}
     pipeline = data.get("pipeline")
@@ -315,6 +328,10 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
             pipeline["push_every"] = 1
         if "pipeline.overlap_waves" not in keys and mode not in overlap_modes():
             pipeline["overlap_waves"] = None
+        if "pipeline.steps_per_generation" not in keys and not traits.conventional:
+            pipeline["steps_per_generation"] = 1
+        if "pipeline.inflight" not in keys and not (traits.continuous or pipeline["overlap_waves"]):
+            pipeline["inflight"] = "keep"
     return spec_from_dict(data)
 
 

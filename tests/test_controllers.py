@@ -57,8 +57,9 @@ def test_mode_registry_and_controller_classes():
     ],
 )
 def test_controller_config_of_each_mode(mode, colocated, streaming, max_lag, inflight):
-    lag = {"pipeline.max_lag": 3} if mode == "pipeline" else {}  # the others fix their own
-    spec = make_spec({"pipeline.mode": mode, "pipeline.inflight": "drain", **lag})
+    # the others fix their own lag, and update between batches (no inflight to set)
+    more = {"pipeline.max_lag": 3, "pipeline.inflight": "drain"} if mode == "pipeline" else {}
+    spec = make_spec({"pipeline.mode": mode, **more})
     config = controller_config(spec, micro_batch_samples=5)
     assert (config.colocated, config.streaming, config.max_lag, config.inflight) == (
         colocated,
