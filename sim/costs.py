@@ -160,6 +160,7 @@ class RooflineCostModel:
     # -- capacities and colocated switch ----------------------------------------------------
 
     def kv_capacity_tokens(self, device: Device) -> int:
+        self.model.check_tp(device.num_gpus)
         hw = hardware(device.hardware)
         free = device.num_gpus * hw.hbm_bytes * self.eff.gpu_memory_utilization
         free -= self.model.weight_bytes

@@ -65,6 +65,22 @@ class Model:
         width = self.kv_lora_rank + self.qk_rope_head_dim if self.kv_lora_rank else self.head_dim
         return 4.0 * self.num_layers * self.num_attention_heads * width
 
+    def check_tp(self, tp: int) -> None:
+        """Refuse a tensor-parallel size vLLM cannot shard this model's attention over:
+        the query heads must split evenly, and the KV heads split evenly or be replicated
+        a whole number of times (no KV heads to split under latent attention)."""
+        kv = self.num_kv_heads
+        if self.num_attention_heads % tp:
+            bad = f"{self.num_attention_heads} attention heads"
+        elif not self.kv_lora_rank and (kv % tp if tp <= kv else tp % kv):
+            bad = f"{kv} KV heads"
+        else:
+            return
+        raise ValueError(
+            f"cluster.generation tp {tp}: cannot shard {self.name}'s {bad} evenly (vLLM "
+            f"refuses it); pick a tp that divides {self.num_attention_heads}"
+        )
+
     def weight_bytes_read(self, rows: int) -> float:
         """Weight bytes one forward pass over ``rows`` tokens reads (each weight once)."""
         if not self.num_experts or self.active_params is None:

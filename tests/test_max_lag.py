@@ -29,7 +29,11 @@ def test_a_lag_a_mode_does_not_take_is_an_error_naming_the_key(mode):
 
 
 def test_conventional_takes_only_steps_per_generation_minus_one():
-    base = {"pipeline.mode": "conventional", "pipeline.steps_per_generation": 4}
+    base = {
+        "pipeline.mode": "conventional",
+        "pipeline.steps_per_generation": 4,
+        "run.iterations": 8,
+    }
     assert make_spec({**base, "pipeline.max_lag": 3}).pipeline.max_lag == 3
     assert controller_config(make_spec(base), 1).max_lag == 3
     with pytest.raises(SpecError, match=r"pipeline\.max_lag"):

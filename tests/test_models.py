@@ -8,6 +8,7 @@ import json
 import pytest
 from helpers import small_spec
 
+from policies.protocols import Device
 from policies.spec import SpecError, load_spec
 from sim.costs import build_cost_model
 from sim.models import model, model_for, shape_from_hf_config
@@ -97,3 +98,23 @@ def test_a_simulation_runs_on_a_model_given_by_its_config(tmp_path):
     result = Simulation(spec).run()
     assert result.metrics["num_samples_trained"] == spec.run.iterations * spec.algorithm.batch_size
     assert build_cost_model(spec).weight_bytes == pytest.approx(2 * 6.74e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("name", "tp", "bad"),
+    [("Qwen2.5-7B", 3, "28 attention heads"), ("Qwen2.5-7B", 8, "28 attention heads"),
+     ("Llama-2-13B", 16, "40 attention heads"), ("Qwen2.5-32B", 8, None),
+     ("Mistral-7B", 16, None)],
+)  # fmt: skip
+def test_a_tp_vllm_cannot_shard_the_heads_over_is_refused(name, tp, bad):
+    """Seen: tp 3 on Qwen2.5-7B (28 heads, 4 KV heads) simulated at 25 samples/s, and
+    advise recommended it."""
+    m = model(name)
+    if bad is None:
+        m.check_tp(tp)
+        return
+    with pytest.raises(ValueError, match=rf"cluster.generation tp {tp}: cannot shard .*{bad}"):
+        m.check_tp(tp)
+    cost = build_cost_model(load_spec(None, [f"model.name={name}"]))
+    with pytest.raises(ValueError, match=rf"tp {tp}: cannot shard"):  # what sim and advise ask
+        cost.kv_capacity_tokens(Device("H800", tp))

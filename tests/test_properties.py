@@ -45,7 +45,9 @@ def _draw_spec(draw, group: int, kind: str) -> RunSpec:
         pipeline__mode=mode,
         pipeline__steps_per_generation=rounds,
         pipeline__max_lag=draw(st.integers(0, 3)) if mode == "pipeline" else None,
-        pipeline__inflight=draw(st.sampled_from(["keep", "abort-resubmit", "drain"])),
+        pipeline__inflight=draw(st.sampled_from(["keep", "abort-resubmit", "drain"]))
+        if mode == "pipeline"
+        else "keep",  # the other modes update with no request running
         policies__dispatch=draw(st.sampled_from(DISPATCHES)),
         policies__dispatch_objective=draw(st.sampled_from(["sum", "max"])),
         policies__scheduling=draw(st.sampled_from(SCHEDULINGS)),
