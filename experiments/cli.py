@@ -20,7 +20,7 @@ from experiments.advise_cmd import add_advise_parser
 from experiments.arg_types import positive_int
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
-from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, missing_live_module
+from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, fresh_dir, missing_live_module
 from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
@@ -68,12 +68,12 @@ def _load(args: argparse.Namespace) -> RunSpec:
 
 
 def _out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
-    """``--out``, or ``runs/NAME-MODE-TIME`` (``run.name`` is one directory name), checked
-    writable before the run starts."""
+    """``--out``, or a new ``runs/NAME-MODE-TIME`` (``run.name`` is one directory name;
+    ``-2``, ``-3``, … after it for runs started in the same second), checked writable."""
     if args.out:
         return check_out_dir(args.out)
     name = f"{spec.run.name}-{spec.pipeline.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return check_out_dir(Path("runs") / name)
+    return check_out_dir(fresh_dir(Path("runs") / name))
 
 
 def print_summary(result: RunResult, out: Path) -> None:

@@ -39,6 +39,24 @@ def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
     return path
 
 
+def fresh_dir(base: Path) -> Path:
+    """A new directory ``base``, or ``base-2``, ``base-3``, … where that is taken: made
+    here, so two runs started in the same second (whose default names are alike) never
+    share one."""
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            if path.parent.is_dir():
+                continue
+            raise ValueError(f"{path}: {path.parent} is not a directory; give --out") from None
+        except OSError as err:
+            raise ValueError(f"{path}: cannot write there ({err.strerror or err})") from None
+        return path
+    raise ValueError(f"{base}: 10 000 runs of this name already; give --out")
+
+
 def missing_live_module(err: ModuleNotFoundError) -> str | None:
     """The live-runtime module an import failed on, or None for any other module."""
     root = (err.name or "").split(".")[0]

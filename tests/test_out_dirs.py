@@ -1,0 +1,34 @@
+"""Runs without ``--out`` get a directory of their own, also when started together."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from experiments.cli import _out_dir
+from experiments.guards import fresh_dir
+from policies.spec import load_spec
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
+    """Seen: two runs started within a second both wrote runs/NAME-MODE-TIME; only the
+    second's spec and metrics survived, and run.log held both, interleaved."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda fmt: "20261205-193407")
+    args = argparse.Namespace(out=None)
+    spec = load_spec(None)
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda _: _out_dir(args, spec), range(6)))
+    names = sorted(p.name for p in outs)
+    base = f"{spec.run.name}-{spec.pipeline.mode}-20261205-193407"
+    assert names == sorted([base, *(f"{base}-{n}" for n in range(2, 7))])
+    assert all(p.is_dir() for p in outs)
+
+
+def test_a_default_directory_under_a_file_is_named(tmp_path):
+    (tmp_path / "runs").write_text("not a directory")
+    with pytest.raises(ValueError, match="runs"):
+        fresh_dir(tmp_path / "runs" / "x")
