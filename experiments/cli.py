@@ -108,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     ):
         log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
         if not args.live:  # the spec is on disk from the start, also if the run is stopped
+            if gone := RunResult.clear(out):  # an earlier run's: never beside this spec
+                log.warning("%s: the earlier run's %s replaced", out, ", ".join(gone))
             write_atomic(out / "spec.yaml", spec.to_yaml().encode())
         on_step = chain(tracker, bar.on_step)
         result = _execute(spec, out, args.live, on_step, args.force_new_spec, args.ray)

@@ -162,6 +162,10 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 CPU_TIMELINE_FILE = "cpu_timeline.csv"
+RESULT_FILES = (  # what a run writes besides its spec and log (timeline.png: the CLI's plot)
+    "metrics.json", "samples.parquet", "events.parquet", "steps.json", CPU_TIMELINE_FILE,
+    "trace.json", "timeline.png",
+)  # fmt: skip
 SAMPLE_COLUMNS = list(SampleRecord.__slots__)  # type: ignore[attr-defined]
 SPAN_COLUMNS = list(Span.__slots__)  # type: ignore[attr-defined]
 
@@ -227,6 +231,18 @@ class RunResult:
         """The run's timeline as a Chrome / Perfetto trace (``policies.trace``)."""
         meta = {"run": self.spec.run.name, "mode": self.spec.pipeline.mode}
         return trace_json(self.spans, self.samples, self.steps, meta, self.cpu_timeline)
+
+    @staticmethod
+    def clear(out_dir: str | Path) -> list[str]:
+        """Delete the result files an earlier run left in ``out_dir`` (a run into it that
+        stops early must not leave its spec beside another run's results); their names."""
+        gone = []
+        for name in RESULT_FILES:
+            path = Path(out_dir) / name
+            if path.is_file():
+                path.unlink()
+                gone.append(name)
+        return gone
 
     def save(self, out_dir: str | Path, write_spec: bool = True) -> Path:
         """Write spec.yaml, metrics.json, samples.parquet, events.parquet, steps.json,

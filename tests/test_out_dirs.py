@@ -32,3 +32,22 @@ def test_a_default_directory_under_a_file_is_named(tmp_path):
     (tmp_path / "runs").write_text("not a directory")
     with pytest.raises(ValueError, match="runs"):
         fresh_dir(tmp_path / "runs" / "x")
+
+
+def test_a_run_into_a_directory_of_another_run_leaves_none_of_its_results(tmp_path, monkeypatch):
+    """Seen: a 72B run into a 7B run's --out, stopped by Ctrl-C, left the 72B spec beside
+    the 7B samples, events, steps and plots; ``tandem trace`` took the mix."""
+    import sim.simulator
+    from experiments.cli import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("metrics.json", "samples.parquet", "steps.json", "timeline.png", "notes.txt"):
+        (out / name).write_text("an earlier run's")
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim.simulator.Simulation, "run", stopped)
+    assert main(["run", "streamrl-7b", "--out", str(out)]) == 130
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "run.log", "spec.yaml"]
