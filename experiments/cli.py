@@ -372,8 +372,11 @@ def _run_handler(
     except MissingExtra as err:  # an optional dependency the command asked for
         console.print(f"[red]error[/red]: {escape(str(err))}", soft_wrap=True)
         return 2
-    except ValueError as err:  # user mistakes found while building the run
-        console.print(f"[red]error[/red]: {err}")
+    except (ValueError, OSError) as err:  # user mistakes; a path it cannot read or write
+        if isinstance(err, OSError) and err.filename is None:
+            raise
+        said = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) else err
+        console.print(f"[red]error[/red]: {said}")
         return 2
     except LiveRunError as err:  # a process of a live run died: one line naming it
         console.print(f"[red]error[/red]: {err}", soft_wrap=True)

@@ -20,6 +20,7 @@ generation instances and the trainer):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -147,6 +148,10 @@ def compute_metrics(
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+    if path.is_dir():  # else the error names the temporary file
+        raise IsADirectoryError(
+            errno.EISDIR, "a directory, where a file is to be written", str(path)
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

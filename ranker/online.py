@@ -160,7 +160,10 @@ class RankerPredictor:
 
     @classmethod
     def load(cls, path: Path) -> RankerPredictor:
-        payload = pickle.loads(Path(path).read_bytes())
+        try:
+            payload = pickle.loads(Path(path).read_bytes())
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
+            raise ValueError(f"{path} is not a tandem ranker file ({err})") from None
         if not isinstance(payload, dict) or payload.get("format") != FILE_FORMAT:
             raise ValueError(f"{path} is not a tandem ranker file")
         if payload.get("format_version") != FILE_VERSION:

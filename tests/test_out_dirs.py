@@ -51,3 +51,20 @@ def test_a_run_into_a_directory_of_another_run_leaves_none_of_its_results(tmp_pa
     monkeypatch.setattr(sim.simulator.Simulation, "run", stopped)
     assert main(["run", "streamrl-7b", "--out", str(out)]) == 130
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "run.log", "spec.yaml"]
+
+
+def test_a_directory_given_for_a_file_or_a_file_of_another_kind_is_one_line(tmp_path, capsys):
+    """Seen: ``tandem trace RUN --out DIR`` and ``tandem ranker fit … --out DIR`` ended in an
+    IsADirectoryError traceback naming a temporary file; ``tandem ranker eval`` of a JSON
+    file in an UnpicklingError traceback."""
+    from experiments.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "streamrl-7b", "--set", "run.iterations=1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["trace", str(out), "--out", str(tmp_path)]) == 2
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"error: {tmp_path}: a directory, where a file is to be written" in said
+    assert main(["ranker", "eval", str(out / "metrics.json"), str(out / "samples.parquet")]) == 2
+    said = " ".join(capsys.readouterr().out.split())
+    assert "metrics.json is not a tandem ranker file" in said and "Traceback" not in said
