@@ -52,13 +52,25 @@ class GridAxis:
 
 
 def parse_grid(text: str) -> GridAxis:
-    """``key=v1,v2,...``: each value is read as YAML."""
+    """``key=v1,v2,...``: a spec key and its values, each read as YAML."""
     path, _ = parse_override(text.split(",")[0])
-    raw = text.split("=", 1)[1]
-    values = tuple(read_yaml(v) for v in raw.split(",") if v.strip())
-    if not values:
+    key, raw = ".".join(path), text.split("=", 1)[1]
+    _check_key(key)
+    if not raw.strip():
         raise SpecError(f"grid {text!r} has no values")
-    return GridAxis(".".join(path), values)
+    if any(not v.strip() for v in raw.split(",")):
+        raise SpecError(f"grid {key}: an empty value in {raw!r} (two commas, or one at an end)")
+    return GridAxis(key, tuple(read_yaml(v) for v in raw.split(",")))
+
+
+def _check_key(key: str) -> None:
+    """An axis must set a spec key or section (``tandem spec keys``; list items by index)."""
+    from experiments.spec_keys import spec_keys
+
+    generic = ".".join("N" if part.isdigit() else part for part in key.split("."))
+    known = [k.key for k in spec_keys()]
+    if not any(k == generic or k.startswith(generic + ".") for k in known):
+        raise SpecError(f"grid {key}: unknown spec key (tandem spec keys lists them)")
 
 
 def grid_points(axes: list[GridAxis]) -> list[dict[str, Any]]:

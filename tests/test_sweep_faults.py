@@ -68,6 +68,10 @@ def test_another_grid_into_the_same_out_is_refused(tmp_path, capsys):
     [
         (["--grid", "run.seed=1,2,1"], "grid run.seed: the value 1 is given twice"),
         (["--grid", "run.seed=1,2", "--grid", "run.seed=3"], "run.seed given as more than one"),
+        # before: every point failed (the --out made), and an empty value was dropped
+        (["--grid", "bogus.key=1,2"], "grid bogus.key: unknown spec key"),
+        (["--grid", "cluster.generation.0.tpp=1,2"], "cluster.generation.0.tpp: unknown spec"),
+        (["--grid", "run.seed=1,,2"], "grid run.seed: an empty value in '1,,2'"),
     ],
 )
 def test_a_grid_that_repeats_a_key_or_value_is_refused_before_anything_is_written(
