@@ -126,7 +126,10 @@ def model_table() -> dict[str, Model]:
 def model(name: str) -> Model:
     table = model_table()
     if name not in table:
-        raise ValueError(f"model.name: unknown model {name!r}; models.csv has {', '.join(table)}")
+        live = " ('tiny' is the live runtime's model: add --live)" if name == "tiny" else ""
+        raise ValueError(
+            f"model.name: unknown model {name!r}{live}; models.csv has {', '.join(table)}"
+        )
     return table[name]
 
 

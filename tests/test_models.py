@@ -100,6 +100,11 @@ def test_a_simulation_runs_on_a_model_given_by_its_config(tmp_path):
     assert build_cost_model(spec).weight_bytes == pytest.approx(2 * 6.74e9, rel=0.01)
 
 
+def test_the_live_model_in_the_simulator_says_to_add_live():
+    with pytest.raises(ValueError, match=r"unknown model 'tiny' \('tiny' is the live .*--live\)"):
+        model("tiny")
+
+
 @pytest.mark.parametrize(
     ("name", "tp", "bad"),
     [("Qwen2.5-7B", 3, "28 attention heads"), ("Qwen2.5-7B", 8, "28 attention heads"),
