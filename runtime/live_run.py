@@ -180,11 +180,13 @@ async def drive(
         for c in clients.values():
             await c.aclose()
     result = _result(spec, recorder, end_s, len(ids))
-    result.cpu_timeline = cpu_rows
+    earlier = run_dir.earlier_part(offset, time_offset_s)  # before this part's save
+    result.cpu_timeline = earlier.cpu_rows + cpu_rows
     lost = [f for f in run_dir.faults() if f["event"] == "lost"]
     result.metrics["num_servers_lost"] = len(lost)  # over every part of a resumed run
     result.metrics.update(startup)  # this part of the run (the last, if it was resumed)
     result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
+    run_dir.keep_earlier(earlier)
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from policies.results import write_atomic
+from policies.results import CPU_TIMELINE_FILE, write_atomic
 from policies.spec import RunSpec, SpecError, load_spec
 from runtime.checkpoints import CHECKPOINT_DIR, LAST, LAST_SHARDED, readable
 from runtime.history import journal_path, journal_steps
@@ -63,6 +63,22 @@ def training_changes(original: RunSpec, new: RunSpec) -> list[str]:
         for k in sorted(set(a) | set(b))
         if a.get(k) != b.get(k) and not _operational(k)
     ]
+
+
+@dataclass(slots=True, frozen=True)
+class EarlierPart:
+    """A resumed run's earlier parts, as they saved them: ``steps.json`` records and
+    ``cpu_timeline.csv`` rows."""
+
+    steps: list[dict[str, Any]]
+    cpu_rows: list[dict[str, float]]
+
+
+def _csv_rows(path: Path) -> list[dict[str, float]]:
+    """A CSV's rows as dicts."""
+    import pandas as pd
+
+    return pd.read_csv(path).to_dict("records")
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,6 +155,27 @@ class RunDir:
         while (self.path / f"spec.resumed-{n}.yaml").exists():
             n += 1
         write_atomic(self.path / f"spec.resumed-{n}.yaml", spec.to_yaml().encode())
+
+    def earlier_part(self, next_step: int, time_s: float) -> EarlierPart:
+        """What the run's earlier parts saved of their steps before ``next_step`` and of
+        their CPU timeline before ``time_s`` (a resumed run keeps them as they were)."""
+        steps, cpu = self.path / "steps.json", self.path / CPU_TIMELINE_FILE
+        records = json.loads(steps.read_text()) if steps.exists() else []
+        rows = _csv_rows(cpu) if cpu.exists() else []
+        return EarlierPart(
+            [r for r in records if r.get("step", next_step) < next_step],
+            [r for r in rows if r.get("end_s", time_s) <= time_s],
+        )
+
+    def keep_earlier(self, earlier: EarlierPart) -> None:
+        """Put an earlier part's step records back in ``steps.json`` over the ones this part
+        rebuilt from its checkpoint (which lack the timings only the live loop knew)."""
+        path = self.path / "steps.json"
+        if not earlier.steps or not path.exists():
+            return
+        kept = {r["step"]: r for r in earlier.steps}
+        records = [kept.get(r.get("step"), r) for r in json.loads(path.read_text())]
+        write_atomic(path, json.dumps(records, indent=2).encode())
 
     def record_processes(self, processes: dict[str, int | None]) -> None:
         """``logs/processes.json``: the pid of each process the run started."""

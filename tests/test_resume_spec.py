@@ -107,3 +107,26 @@ def test_results_older_than_the_last_checkpoint_are_not_a_finished_run(tmp_path)
     assert not RunDir(out).finished(spec)  # checkpointed through step 9, saved 4
     journal.write_text('{"next_step":4,"samples":[]}\n{"next_step":6,"sam')
     assert RunDir(out).finished(spec)  # a torn line is no checkpoint
+
+
+def test_a_resumed_run_keeps_what_its_earlier_part_saved_of_its_steps_and_cpu(tmp_path):
+    """Seen: extending a finished 4-step run to 8 rewrote steps 0-3 from the checkpoint
+    (their optimizer, checkpoint and report timings gone, the breakdown recomputed) and
+    kept only the new part's CPU timeline."""
+    import json
+
+    import pandas as pd
+
+    out = _finished_run(tmp_path)
+    first = [{"step": i, "end_s": i + 1.0, "optimizer_s": 0.01 * i, "breakdown": {"x": i}}
+             for i in range(4)]  # fmt: skip
+    (out / "steps.json").write_text(json.dumps(first))
+    rows = [{"start_s": t, "end_s": t + 1.0, "trainer": 0.5} for t in (0.0, 1.0, 2.0, 3.0)]
+    pd.DataFrame(rows).to_csv(out / "cpu_timeline.csv", index=False)
+    earlier = RunDir(out).earlier_part(next_step=4, time_s=4.0)
+    assert earlier.steps == first and earlier.cpu_rows == rows
+    rebuilt = [{"step": i, "end_s": i + 0.9, "breakdown": {"y": i}} for i in range(8)]
+    (out / "steps.json").write_text(json.dumps(rebuilt))  # what the resumed part saves
+    RunDir(out).keep_earlier(earlier)
+    assert json.loads((out / "steps.json").read_text()) == first + rebuilt[4:]
+    assert RunDir(out).earlier_part(next_step=2, time_s=2.0).cpu_rows == rows[:2]
