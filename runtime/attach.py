@@ -24,7 +24,12 @@ def control_token(live: LiveSection) -> str:
     """The run's control-route token: ``live.token``, else ``TANDEM_TOKEN`` (the way to
     attach to ``tandem serve`` without the token on a command line or in spec.yaml), else a
     fresh one for the servers the run starts."""
-    return live.token or os.environ.get("TANDEM_TOKEN") or secrets.token_hex(16)
+    return given_token(live) or secrets.token_hex(16)
+
+
+def given_token(live: LiveSection) -> str | None:
+    """The token the user gave (``live.token`` or ``TANDEM_TOKEN``), if any."""
+    return live.token or os.environ.get("TANDEM_TOKEN") or None
 
 
 def inference_key(live: LiveSection) -> str | None:
@@ -72,8 +77,9 @@ def check_attached(
                 f"{free_in_s:.0f} s if it died): give this run a server of its own"
             )
         if control.status_code in (401, 403):
+            what = "the run's token" if token else "the run, which was given no token"
             raise LiveRunError(
-                f"{name} refused the run's token ({control.status_code} {control.text}); set "
+                f"{name} refused {what} ({control.status_code} {control.text}); set "
                 "live.token (or TANDEM_TOKEN) to the token the server was started with"
             )
         if control.status_code == 404:

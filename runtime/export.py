@@ -24,6 +24,7 @@ from typing import Any
 
 from policies.spec import load_spec
 from runtime.checkpoints import CHECKPOINT_DIR, find_last, kept_checkpoints, readable
+from runtime.run_dir import newest_spec
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,10 @@ def export_policy(
         raise ValueError(f"--out {out}: exists and is not an empty directory")
     if not (run / "spec.yaml").is_file():
         raise ValueError(f"{run}: not a run directory (no spec.yaml); give a live run's directory")
-    spec = load_spec(run / "spec.yaml")
+    spec = load_spec(newest_spec(run))  # the spec the run last ran (its model.path)
     ckpt, state = find_checkpoint(run, step)
+    # a kept step's own file: last.pt moves on if the run is resumed
+    ckpt = kept_checkpoints(run / CHECKPOINT_DIR).get(state["version"] - 1, ckpt)
     base = model_dir_for(spec)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
@@ -131,8 +134,9 @@ def export_policy(
         written = _write_model(base, state["model"], tmp, dtype)
         _copy_tokenizer(base, tmp)
         info = ExportInfo(
-            str(out), str(run), state["version"] - 1, state["version"], str(ckpt), base, written
-        )
+            str(out.resolve()), str(run.resolve()), state["version"] - 1, state["version"],
+            str(ckpt.resolve()), base, written,
+        )  # fmt: skip
         (tmp / EXPORT_INFO).write_text(json.dumps(asdict(info), indent=2) + "\n")
         _readable(tmp)
         if out.exists():

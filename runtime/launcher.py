@@ -30,7 +30,13 @@ from policies.protocols import LengthPredictor
 from policies.records import InflightHandling
 from policies.results import RunResult
 from policies.spec import RunSpec
-from runtime.attach import check_attached, control_token, inference_key, release_attached
+from runtime.attach import (
+    check_attached,
+    control_token,
+    given_token,
+    inference_key,
+    release_attached,
+)
 from runtime.core_loan import CoreLoan
 from runtime.errors import LiveRunError
 from runtime.lease import owner_of
@@ -198,7 +204,8 @@ def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
     live, owner = spec.live, owner_of(out_dir)
     if live.server_urls:
         params = state_shapes(model_dir)  # the trainer's model against the served ones
-        check_attached(live.server_urls, token, owner, inference_key(live), task_set(spec), params)
+        given = given_token(live)  # none: the run made one up, which no server takes
+        check_attached(live.server_urls, given, owner, inference_key(live), task_set(spec), params)
         slots = [ServerSlot(i, u) for i, u in enumerate(live.server_urls)]
         return Servers(slots, token, owner=owner)
     start = functools.partial(_start_server, spec, model_dir, token, core_sets, out_dir)

@@ -253,6 +253,8 @@ def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_ke
             LiveRunError, match=r"server_urls\[0\] .* refused the run's token \(403"
         ):
             check_attached([url], "wrong", api_key="key")
+        with pytest.raises(LiveRunError, match=r"refused the run, which was given no token \(403"):
+            check_attached([url], None, api_key="key")
         with pytest.raises(LiveRunError, match=r"server_urls\[0\] .*/plain has no /init_process"):
             check_attached([url + "/plain"], "right", api_key="key")
         tasks = TaskSet(0, 64, 128)  # prompts up to ~40 tokens: 512 holds them, 64 does not

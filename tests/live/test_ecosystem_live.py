@@ -127,6 +127,9 @@ def test_export_writes_a_transformers_model_with_the_trainers_logits(
         assert torch.allclose(_logits(loaded, ids), _logits(trainer, ids), atol=1e-6, rtol=0)
         info = json.loads((directory / "tandem_export.json").read_text())
         assert (info["step"], info["version"]) == (step, step + 1)
+        # absolute, and the step's own file (last.pt moves on when the run is resumed)
+        assert info["checkpoint"] == str(step_checkpoint(run_dir, step).resolve())
+        assert info["run_dir"] == str(run_dir.resolve())
     base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     assert not torch.allclose(_logits(exported, ids), _logits(base, ids))  # it trained
     loaded1 = AutoModelForCausalLM.from_pretrained(earlier).eval()
