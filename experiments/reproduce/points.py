@@ -1,32 +1,23 @@
-"""Simulated points of a reproduction study, run in parallel processes with a progress bar.
+"""Simulated points of a reproduction study (run in parallel by :mod:`.workers`).
 
-A :class:`Point` is a shipped config plus overrides; :func:`run_points` simulates each
-distinct point once (two figures asking for the same run share it) and returns a
-:class:`PointResult` per point: the run's metrics plus the few per-step and per-sample
+A :class:`Point` is a shipped config plus overrides; :func:`run_one` simulates it and
+returns a :class:`PointResult`: the run's metrics plus the few per-step and per-sample
 summaries the figures need, extracted in the worker so that no large result crosses
 process boundaries.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import traceback
 from collections import Counter
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from experiments.specs import config_path
 from policies.records import SpanKind
 from policies.resources import is_link
 from policies.results import RunResult
 from policies.spec import RunSpec, load_spec
-from runtime.lifetime import die_with_parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,40 +120,3 @@ def run_one(point: Point) -> PointResult:
     except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
         message = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
         return PointResult(point, {}, 0, 0, error=message)
-
-
-def _work_hint(spec: RunSpec) -> float:
-    """A rough size of a run (samples × max tokens), to start the longest runs first."""
-    w = spec.workload
-    return (
-        spec.run.iterations
-        * spec.algorithm.batch_size
-        * (w.final_max_output_tokens or w.max_output_tokens)
-    )
-
-
-def run_points(
-    points: Sequence[Point], workers: int, label: str, console: Console | None = None
-) -> dict[Point, PointResult]:
-    """Simulate every distinct point in ``workers`` processes, with a progress bar."""
-    specs = {p: p.spec() for p in dict.fromkeys(points)}  # bad overrides fail before any run
-    unique = sorted(specs, key=lambda p: -_work_hint(specs[p]))  # longest first packs better
-    results: dict[Point, PointResult] = {}
-    columns = [*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn()]
-    with (
-        Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as bar,
-        ProcessPoolExecutor(
-            max_workers=max(1, workers),
-            initializer=die_with_parent,
-            initargs=(signal.SIGKILL, os.getpid()),
-        ) as pool,  # workers die with this process
-    ):
-        task = bar.add_task(label, total=len(unique))
-        futures = {pool.submit(run_one, p): p for p in unique}
-        for fut in as_completed(futures):
-            results[futures[fut]] = fut.result()
-            bar.advance(task)
-    failed = [r for r in results.values() if r.error]
-    if failed:
-        raise RuntimeError(f"{len(failed)} point(s) failed; first: {failed[0].error}")
-    return results

@@ -29,7 +29,7 @@ class Claim:
     claim: str  # the published statement, as listed in shared/data
     published: str  # its number(s)
     ours: str  # the same quantity from our runs
-    verdict: str  # "consistent", "we disagree", "qualitative only"
+    verdict: str  # "consistent", "we disagree", "qualitative only", "not checked: why"
     why: str  # the mechanism behind an agreement or a disagreement
 
 
@@ -107,14 +107,26 @@ def _section_md(index: int, s: Section) -> list[str]:
     return lines
 
 
-def git_commit() -> str:
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding experiments/
+
+
+def git_commit(repo: Path = PACKAGE_ROOT) -> str:
+    """The short HEAD commit of ``repo`` (by default tandem's own checkout, whatever the
+    working directory); ``unknown`` when ``repo`` is not the top of a git checkout (an
+    installed package inside some other repository gets ``unknown``, not its commit)."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+            ["git", "-C", str(repo), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return out.stdout.strip() or "unknown"
+    lines = out.stdout.splitlines()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != repo.resolve():
+        return "unknown"
+    return lines[1]
 
 
 def write_report(

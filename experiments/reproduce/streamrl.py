@@ -15,7 +15,7 @@ from rich.console import Console
 import experiments.reproduce.streamrl_points as sp
 from experiments.reproduce.assumptions import STREAMRL_ASSUMPTIONS
 from experiments.reproduce.figures import Axes, bars
-from experiments.reproduce.points import Point, PointResult, run_points
+from experiments.reproduce.points import Point, PointResult
 from experiments.reproduce.report import (
     Claim,
     Section,
@@ -30,6 +30,7 @@ from experiments.reproduce.streamrl_scaling import (
     ptl_section,
     stage_section,
 )
+from experiments.reproduce.workers import run_points
 
 Results = dict[Point, PointResult]
 BASELINE = "colocated (verl-like)"
