@@ -38,7 +38,7 @@ from runtime.attach import (
     release_attached,
 )
 from runtime.core_loan import CoreLoan
-from runtime.errors import LiveRunError
+from runtime.errors import LiveRunError, ProcessDied
 from runtime.lease import owner_of
 from runtime.live_run import (
     AfterStep,
@@ -58,7 +58,6 @@ from runtime.procs import (
     wait_healthy,
 )
 from runtime.run_dir import RunDir
-from runtime.server_faults import ServersLost
 from runtime.supervisor import Servers, ServerSlot
 from runtime.tasks import check_context, task_set
 from runtime.trainer_proc import TrainerProcess
@@ -144,7 +143,7 @@ def _run_processes(
         )
         run = drive(spec, run_dir, trainer, servers, length_predictor, after_step, on_step)
         return asyncio.run(run)
-    except ServersLost as err:
+    except ProcessDied as err:  # a server or the trainer: the run goes on from its checkpoint
         raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
     finally:
         trainer.stop()
