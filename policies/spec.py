@@ -46,10 +46,12 @@ class RunSection(_Section):
         "RUN_DIR/mlruns unless MLFLOW_TRACKING_URI is set); wandb and mlflow are extras",
     )
 
-    @field_validator("name")
+    @field_validator("name", mode="before")
     @classmethod
-    def _one_directory_name(cls, value: str) -> str:
-        if not re.fullmatch(RUN_NAME, value):
+    def _one_directory_name(cls, value: Any) -> str:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # YAML reads a name of digits (--set run.name=123) as a number
+        if not isinstance(value, str) or not re.fullmatch(RUN_NAME, value):
             raise ValueError(
                 f"{value!r} must be a directory name inside runs/: up to 128 letters, digits, "
                 "'.', '_' or '-', starting with a letter or digit"

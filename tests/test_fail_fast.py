@@ -103,6 +103,11 @@ def test_run_names_stay_inside_runs(name, no_simulation, capsys):
     assert "run.name" in _flat(capsys.readouterr().out)
 
 
+def test_a_run_name_of_digits_is_a_name():
+    """Seen: ``--set run.name=123`` failed with "Input should be a valid string"."""
+    assert load_spec(config_path("streamrl-7b"), ["run.name=123"]).run.name == "123"
+
+
 # -- the output directory ------------------------------------------------------------------
 
 
