@@ -64,8 +64,13 @@ def run_log(out_dir: str | Path, level: int = logging.INFO) -> Iterator[Path]:
         yield path
     except BaseException as err:
         # the file keeps why the run stopped: the console's error line may be long gone
+        # (the file only: the console prints that line itself, once)
         why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-        logging.getLogger(__name__).error("the run stopped: %s", " ".join(why.split()))
+        record = logging.getLogger(__name__).makeRecord(
+            __name__, logging.ERROR, __file__, 0, "the run stopped: %s", (" ".join(why.split()),),
+            None,
+        )  # fmt: skip
+        handler.handle(record)
         raise
     finally:
         for h in added:

@@ -184,7 +184,7 @@ def test_library_code_logs_and_never_prints():
     assert not found, "bare prints: " + ", ".join(found)
 
 
-def test_run_log_keeps_why_a_run_stopped(tmp_path):
+def test_run_log_keeps_why_a_run_stopped(tmp_path, caplog):
     with pytest.raises(RuntimeError), run_log(tmp_path):
         logging.getLogger("runtime.launcher").info("step 3 done")
         raise RuntimeError("generation server 1 died\n  (exit code 9)")
@@ -194,3 +194,5 @@ def test_run_log_keeps_why_a_run_stopped(tmp_path):
         "the run stopped: RuntimeError: generation server 1 died (exit code 9)"
     )
     assert "ERROR" in lines[1]
+    # the file only: the console prints the error line itself (it was printed twice)
+    assert not [r for r in caplog.records if "the run stopped" in r.getMessage()]
