@@ -231,8 +231,10 @@ def stop_server(server: ServerProcess, grace_s: float = 15.0) -> None:
     """SIGTERM the server's whole process group (API server, engine core, worker), then
     SIGKILL what is left. Always the group: a leader that already died (killed, crashed)
     leaves its engine processes running otherwise."""
-    logger.info("stopping server %d", server.instance_id)
     pgid = server.proc.pid  # started as a process group's leader: its pid is the group's
+    if server.proc.poll() is not None and not group_alive(pgid):
+        return  # stopped already (a run stops its servers, then every slot again)
+    logger.info("stopping server %d", server.instance_id)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
