@@ -69,7 +69,9 @@ def _child(node: Any, part: str, key: str) -> Any:
         return node[int(part)]
     if not isinstance(node, dict):
         raise SpecError(f"{key}: cannot set a key inside a value")
-    return node.setdefault(part, {})
+    if node.get(part) is None:  # an unset section (model.shape): set key by key
+        node[part] = {}
+    return node[part]
 
 
 def _set_child(node: Any, part: str, value: Any, key: str) -> None:

@@ -311,3 +311,15 @@ def test_server_urls_are_base_urls_each_once_without_a_trailing_slash():
         load_spec(None, ["live.server_urls=[127.0.0.1:8470]"])
     spec = load_spec(None, ["live.server_urls=[http://127.0.0.1:8470/,http://127.0.0.1:8471]"])
     assert spec.live.server_urls == ["http://127.0.0.1:8470", "http://127.0.0.1:8471"]
+
+
+def test_an_unset_section_is_set_key_by_key():
+    """Seen: ``--set model.shape.num_params_b=7`` (``tandem spec keys`` lists it) failed
+    with "cannot set a key inside a value" while model.shape was unset."""
+    with pytest.raises(SpecError, match="model.shape.num_layers: Field required"):
+        load_spec(None, ["model.shape.num_params_b=7"])
+    keys = {"num_params_b": 7, "num_layers": 28, "hidden_size": 3584, "num_attention_heads": 28}
+    spec = load_spec(None, ["model.name=mine", *(f"model.shape.{k}={v}" for k, v in keys.items())])
+    assert spec.model.shape is not None and spec.model.shape.num_layers == 28
+    with pytest.raises(SpecError, match="run.iterations.x: cannot set a key inside a value"):
+        load_spec(None, ["run.iterations.x=3"])
