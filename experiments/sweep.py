@@ -40,7 +40,7 @@ from experiments.sweep_point import (
 from policies.results import write_atomic
 from policies.spec import RunSpec, SpecError, parse_override, read_yaml
 from runtime.errors import describe_exit
-from runtime.lifetime import die_with_parent
+from runtime.lifetime import die_with_parent, start_deaf_to_ctrl_c
 
 DEFAULT_WORKERS = 2  # local worker processes when none are asked for
 
@@ -124,7 +124,7 @@ class _Pool:
     def _start(self):
         parent, child = self._ctx.Pipe()
         process = self._ctx.Process(target=_worker, args=(child, *self._args), daemon=True)
-        process.start()  # from this (main) thread: the workers' parent-death signal follows it
+        start_deaf_to_ctrl_c(process)  # from this (main) thread: its parent-death signal too
         child.close()
         return process, parent
 

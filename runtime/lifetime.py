@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import threading
 
 _PR_SET_PDEATHSIG = 1
 
@@ -42,3 +43,22 @@ def reap_forks_with_parent() -> None:
     leaves nothing running. (vLLM starts them with ``fork`` by default; a spawned child
     imports the main module, where :mod:`runtime.server` does the same.)"""
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def start_deaf_to_ctrl_c(process) -> None:  # a multiprocessing process, not yet started
+    """Start ``process`` ignoring SIGINT for its whole life (a spawned child inherits the
+    ignored disposition through its exec, and Python leaves it so). Ctrl-C reaches the
+    whole process group: the command that started the process decides what stops (and
+    stops it), instead of each worker raising KeyboardInterrupt wherever it is, a
+    traceback each. SIGINT is blocked meanwhile, so a Ctrl-C to the command in that
+    instant waits for its own handler instead of being lost."""
+    if threading.current_thread() is not threading.main_thread():
+        process.start()  # signal dispositions are the main thread's to change
+        return
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process.start()
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from helpers import (
     SMALL_YAML,
     SPAN_COLUMNS,
     STALENESS_BOUND,
+    TANDEM,
 )
 
 from experiments import cli
@@ -190,7 +190,7 @@ def test_sigterm_unwinds_like_ctrl_c_and_exits_143(tmp_path):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(SMALL_YAML)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "experiments.cli", "run", str(spec),
+    cmd = [*TANDEM, "run", str(spec),
            "--set", "run.iterations=100000", "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(cmd, env=ENV, cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

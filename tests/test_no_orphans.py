@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import TANDEM
 from proc_view import alive, descendants
 
 from runtime.errors import ProcessDied, describe_exit
@@ -144,7 +145,7 @@ def test_a_dead_trainer_is_named_with_its_exit_signal():
 
 
 def test_sweep_workers_die_with_the_sweep(tmp_path):
-    cmd = [sys.executable, "-m", "experiments.cli", "sweep", "streamrl-7b", "--grid",
+    cmd = [*TANDEM, "sweep", "streamrl-7b", "--grid",
            "run.seed=1,2,3,4", "--set", "run.iterations=100000", "--set",
            "algorithm.batch_size=64", "--workers", "2", "--out", str(tmp_path / "sweep")]  # fmt: skip
     proc = subprocess.Popen(
@@ -166,3 +167,33 @@ def test_sweep_workers_die_with_the_sweep(tmp_path):
         for p in workers:  # whatever outlived the sweep (the old behaviour)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("after_s", [1.0, 4.0])  # workers importing; workers simulating
+def test_ctrl_c_stops_a_sweep_with_one_line_and_no_worker_left(tmp_path, after_s):
+    """Ctrl-C reaches the terminal's whole process group. Before, each worker raised
+    KeyboardInterrupt wherever it was (in its imports, or mid-simulation) and printed a
+    traceback; now workers ignore SIGINT and the sweep stops them."""
+    cmd = [*TANDEM, "sweep", "streamrl-7b", "--grid", "run.seed=1,2,3,4", "--set",
+           "run.iterations=100000", "--set", "algorithm.batch_size=64", "--workers", "2",
+           "--out", str(tmp_path / "sweep")]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline:
+            workers = [p for p in descendants(proc.pid) if alive(p)]
+            time.sleep(0.05)
+        time.sleep(after_s)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted" in out
+    assert _wait_gone(workers) == []

@@ -8,11 +8,11 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import TANDEM
 from proc_view import alive, descendants
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ KILLED_BY_SIGINT = -signal.SIGINT  # a second Ctrl-C during the unwind: a shell 
 def test_a_stop_exits_at_once_and_leaves_no_workers(
     tmp_path: Path, signals: Signals, exit_codes: set[int]
 ) -> None:
-    cmd = [sys.executable, "-m", "experiments.cli", "reproduce", "streamrl", "--quick",
+    cmd = [*TANDEM, "reproduce", "streamrl", "--quick",
            "--workers", "2", "--out", str(tmp_path / "report")]  # fmt: skip
     proc = subprocess.Popen(cmd, env=ENV, cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

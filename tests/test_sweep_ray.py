@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import SMALL_YAML
+from helpers import SMALL_YAML, TANDEM
 from proc_view import alive, cmdline, descendants, off_loopback, tcp_sockets, wait_until
 
 from experiments import cli
@@ -93,7 +93,7 @@ def _point_tasks(pid: int) -> list[int]:
     "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "terminated", "killed"]
 )
 def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_path, tmp_path, sig):
-    cmd = [sys.executable, "-m", "experiments.cli", "sweep", str(spec_path), "--grid",
+    cmd = [*TANDEM, "sweep", str(spec_path), "--grid",
            f"run.iterations={LONG},{LONG + 1}", "--ray", "--workers", "2",
            "--out", str(tmp_path / "sweep")]  # fmt: skip
     proc = subprocess.Popen(

@@ -29,7 +29,7 @@ from experiments.reproduce.points import Point, PointResult, run_one
 from experiments.sweep_point import run_jobs
 from policies.spec import RunSpec
 from runtime.errors import describe_exit
-from runtime.lifetime import die_with_parent
+from runtime.lifetime import die_with_parent, start_deaf_to_ctrl_c
 
 
 def _worker(conn: Connection, parent_pid: int) -> None:
@@ -64,7 +64,7 @@ class PointProcesses:
     def _start(self) -> tuple[BaseProcess, Connection]:
         parent, child = self._ctx.Pipe()
         process = self._ctx.Process(target=_worker, args=(child, os.getpid()), daemon=True)
-        process.start()  # from the main thread: the parent-death signal follows this thread
+        start_deaf_to_ctrl_c(process)  # from the main thread: the parent-death signal too
         child.close()
         return process, parent
 

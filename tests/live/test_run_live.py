@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from helpers import ALL_MODES as REGISTERED_MODES
-from helpers import STALENESS_BOUND
+from helpers import STALENESS_BOUND, TANDEM
 from proc_view import alive, descendants, wait_until
 
 from policies.results import CPU_METRICS, LIVE_METRICS, METRIC_NAMES
@@ -126,7 +125,7 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tm
     steps = 20  # the kill lands at the second checkpoint, long before the end
     args = _overrides(server, token, mode, steps)
     sets = [f"--set={a}" for a in args]
-    cmd = [sys.executable, "-m", "experiments.cli", "run", str(CONFIG), "--live",
+    cmd = [*TANDEM, "run", str(CONFIG), "--live",
            "--out", str(tmp_path), *sets]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
