@@ -180,6 +180,16 @@ async def drive(
         for c in clients.values():
             await c.aclose()
     result = _result(spec, recorder, end_s, len(ids))
+    _save(result, run_dir, offset, time_offset_s, cpu_rows, startup)
+    log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
+    return result
+
+
+def _save(
+    result: RunResult, run_dir: RunDir, offset: int, time_offset_s: float,
+    cpu_rows: list[dict[str, float]], startup: dict[str, float],
+) -> None:  # fmt: skip
+    """Write the run's results, keeping what its earlier parts (if resumed) saved."""
     earlier = run_dir.earlier_part(offset, time_offset_s)  # before this part's save
     result.cpu_timeline = earlier.cpu_rows + cpu_rows
     lost = [f for f in run_dir.faults() if f["event"] == "lost"]
@@ -187,8 +197,6 @@ async def drive(
     result.metrics.update(startup)  # this part of the run (the last, if it was resumed)
     result.save(run_dir.path, write_spec=False)  # spec.yaml stays the run's original
     run_dir.keep_earlier(earlier)
-    log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
-    return result
 
 
 async def _run_clocked(

@@ -35,7 +35,6 @@ from runtime.lifetime import die_with_parent, start_deaf_to_ctrl_c
 def _worker(conn: Connection, parent_pid: int) -> None:
     """Simulate the points this worker is sent, one at a time, until sent ``None``."""
     die_with_parent(signal.SIGKILL, parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while (job := conn.recv()) is not None:
         index, point = job
         conn.send((index, run_one(point)))
