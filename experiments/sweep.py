@@ -14,14 +14,11 @@ worker over it is killed and its point recorded as failed. Workers die with the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
-import multiprocessing as mp
-import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +32,10 @@ from experiments.sweep_point import (
     point_dir,
     run_jobs,
     run_point,
-    timeout_row,
 )
+from experiments.worker_pool import WorkerProcesses
 from policies.results import write_atomic
 from policies.spec import RunSpec, SpecError, parse_override, read_yaml
-from runtime.errors import describe_exit
-from runtime.lifetime import die_with_parent, start_deaf_to_ctrl_c
 
 DEFAULT_WORKERS = 2  # local worker processes when none are asked for
 
@@ -89,82 +84,13 @@ def grid_points(axes: list[GridAxis]) -> list[dict[str, Any]]:
     ]
 
 
-def _worker(conn, base_yaml: str, out: str, parent_pid: int) -> None:
-    """A sweep worker: simulate the points it is sent, one at a time, until told to stop."""
-    die_with_parent(parent_pid=parent_pid)
-    base = base_from_yaml(base_yaml)
-    while (job := conn.recv()) is not None:
-        index, point = job
-        conn.send(("started", index, None))  # the point's clock starts now (not at spawn)
-        conn.send(("done", index, run_point(base, point, point_dir(Path(out), index))))
+def _run_job(base_yaml: str, out: str, index: int, point: dict[str, Any]) -> Row:
+    """A sweep point, run in a worker process (its base spec travels as YAML)."""
+    return run_point(base_from_yaml(base_yaml), point, point_dir(Path(out), index))
 
 
-class _Pool:
-    """``size`` worker processes; a point over its time is stopped with its worker."""
-
-    def __init__(self, base: RunSpec, out: Path, size: int, timeout_s: float | None) -> None:
-        self._ctx = mp.get_context("spawn")  # no fork of a process holding threads
-        self._args = (base.to_yaml(), str(out), os.getpid())
-        self.size, self.timeout_s = max(1, size), timeout_s
-        # conn -> (process, index, start: None until the worker has started the point)
-        self._busy: dict[Any, tuple[Any, int, float | None]] = {}
-        self._idle: list[tuple[Any, Any]] = []  # (process, conn)
-
-    def has_room(self) -> bool:
-        return len(self._busy) < self.size
-
-    def num_busy(self) -> int:
-        return len(self._busy)
-
-    def submit(self, index: int, point: dict) -> None:
-        process, conn = self._idle.pop() if self._idle else self._start()
-        conn.send((index, point))
-        self._busy[conn] = (process, index, None)
-
-    def _start(self):
-        parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_worker, args=(child, *self._args), daemon=True)
-        start_deaf_to_ctrl_c(process)  # from this (main) thread: its parent-death signal too
-        child.close()
-        return process, parent
-
-    def collect(self) -> list[tuple[int, Row]]:
-        ready = wait(list(self._busy), timeout=0.2)
-        out = []
-        for conn in ready:
-            process, index, _ = self._busy.pop(conn)
-            try:
-                kind, _, row = conn.recv()
-            except (EOFError, OSError):  # the worker died (killed, out of memory...)
-                process.join(timeout=5)
-                out.append((index, {"error": f"worker died: {describe_exit(process.exitcode)}"}))
-                continue
-            if kind == "started":
-                self._busy[conn] = (process, index, time.monotonic())
-            else:
-                out.append((index, row))
-                self._idle.append((process, conn))
-        if self.timeout_s is not None:
-            out += self._stop_overdue()
-        return out
-
-    def _stop_overdue(self) -> list[tuple[int, Row]]:
-        now, out = time.monotonic(), []
-        for conn, (process, index, start) in list(self._busy.items()):
-            if start is not None and now - start > self.timeout_s:
-                process.kill()
-                process.join()
-                del self._busy[conn]
-                out.append((index, timeout_row(self.timeout_s)))
-        return out
-
-    def close(self) -> None:
-        for process, conn in self._idle:
-            conn.send(None)
-            process.join(timeout=5)
-        for process, _, _ in self._busy.values():
-            process.kill()
-            process.join()
+def _failed(point: dict[str, Any], why: str) -> Row:
+    return {"error": why}
 
 
 def _check_same_sweep(out: Path, base: RunSpec, points: list[dict]) -> None:
@@ -230,7 +156,8 @@ def _pool(
     ray_address: str | None,
 ) -> Iterator[PointPool]:  # fmt: skip
     if ray_address is None:
-        yield _Pool(base, out, workers or DEFAULT_WORKERS, timeout_s)
+        work = functools.partial(_run_job, base.to_yaml(), str(out))
+        yield WorkerProcesses(work, workers or DEFAULT_WORKERS, _failed, timeout_s)
         return
     from experiments.sweep_ray import RayPool
     from runtime.ray_session import ray_session

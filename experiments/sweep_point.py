@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import yaml
 
 from experiments.predictors import ranker_for
+from experiments.worker_pool import over_time
 from policies.logs import run_log
 from policies.spec import RunSpec, override_spec, read_yaml
 
@@ -67,7 +68,7 @@ def point_dir(out: Path, index: int) -> Path:
 
 def timeout_row(timeout_s: float) -> Row:
     """The row of a point stopped for running over ``timeout_s``."""
-    return {"error": f"TimeoutError: point took over {timeout_s:g} s (stopped)"}
+    return {"error": over_time(timeout_s)}
 
 
 class PointPool(Protocol):
