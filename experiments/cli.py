@@ -13,14 +13,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.markup import escape
 from rich.table import Table
 
 from experiments.advise_cmd import add_advise_parser
 from experiments.arg_types import positive_int
+from experiments.cli_errors import run_handler
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
-from experiments.guards import LIVE_INSTALL_HINT, check_out_dir, fresh_dir, missing_live_module
+from experiments.guards import check_out_dir, fresh_dir
 from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
@@ -29,7 +29,6 @@ from experiments.sweep_cmd import add_sweep_parser
 from policies.logs import run_log
 from policies.results import SUMMARY_METRICS, RunResult, write_atomic
 from policies.spec import RunSpec, SpecError, load_spec
-from runtime.errors import MissingExtra
 from runtime.ray_session import require_ray
 
 DEFAULT_SPEC = "streamrl-7b"
@@ -356,43 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
     handler: Callable[[argparse.Namespace], int] = args.func
     with SigtermUnwinds() as stop:  # SIGTERM unwinds like Ctrl-C: every process is stopped
-        return _run_handler(handler, args, stop)
-
-
-def _run_handler(
-    handler: Callable[[argparse.Namespace], int], args: argparse.Namespace, stop: SigtermUnwinds
-) -> int:
-    from runtime.errors import LiveRunError  # pure Python: present on any install
-
-    try:
-        return handler(args)
-    except SpecError as err:
-        console.print(f"[red]spec error[/red]: {err}")
-        return 2
-    except MissingExtra as err:  # an optional dependency the command asked for
-        console.print(f"[red]error[/red]: {escape(str(err))}", soft_wrap=True)
-        return 2
-    except (ValueError, OSError) as err:  # user mistakes; a path it cannot read or write
-        if isinstance(err, OSError) and err.filename is None:
-            raise
-        said = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) else err
-        console.print(f"[red]error[/red]: {said}")
-        return 2
-    except LiveRunError as err:  # a process of a live run died: one line naming it
-        console.print(f"[red]error[/red]: {err}", soft_wrap=True)
-        return 1
-    except ModuleNotFoundError as err:
-        module = missing_live_module(err)
-        if module is None:
-            raise
-        console.print(
-            f"[red]error[/red]: {args.command} needs the live runtime, and module {module!r} "
-            f"is not installed; {LIVE_INSTALL_HINT}"
-        )
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
-        console.print(f"[yellow]{stop.what()}[/yellow]")
-        return stop.exit_code()
+        return run_handler(handler, args, stop, console)
 
 
 if __name__ == "__main__":
