@@ -8,13 +8,23 @@ and one parity plot per operator (``DIR/parity-<operator>.png``).
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
 from experiments.plots import save_figure
 from policies.results import write_atomic
-from sim.calibration import OperatorCalibration, calibrate_profile, cost_model_document
+from sim.calibration import (
+    OperatorCalibration,
+    calibrate_profile,
+    check_profile_info,
+    cost_model_document,
+    skipped_operators,
+)
+
+log = logging.getLogger(__name__)
 
 
 def parity_plot(c: OperatorCalibration, path: Path) -> None:
@@ -30,13 +40,30 @@ def parity_plot(c: OperatorCalibration, path: Path) -> None:
     save_figure(fig, path)
 
 
-def calibrate(profile_dir: Path, out: Path) -> dict[str, OperatorCalibration]:
-    if not (profile_dir / "profile.json").is_file():
+def load_profile_info(profile_dir: Path) -> dict:
+    """``profile_dir``'s profile.json, checked (a ValueError naming the file)."""
+    path = profile_dir / "profile.json"
+    if not path.is_file():
         raise ValueError(
             f"{profile_dir}: no profile.json (give a `tandem profile` directory, or Vidur's "
             "data with --from vidur)"
         )
-    profile = json.loads((profile_dir / "profile.json").read_text())
+    try:
+        profile = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    check_profile_info(profile, path)
+    return profile
+
+
+def calibrate(
+    profile_dir: Path, out: Path, note: Callable[[str], None] | None = None
+) -> dict[str, OperatorCalibration]:
+    """Fit ``profile_dir`` and write the cost model, its errors and parity plots to ``out``;
+    ``note`` hears of each operator skipped, and why (default: the log)."""
+    profile = load_profile_info(profile_dir)
+    for name, why in skipped_operators(profile_dir).items():
+        (note or log.warning)(f"{name} not calibrated: {why}")
     fits = calibrate_profile(profile_dir)
     out.mkdir(parents=True, exist_ok=True)
     document = cost_model_document(fits, profile)
@@ -53,7 +80,16 @@ def calibrate(profile_dir: Path, out: Path) -> dict[str, OperatorCalibration]:
     write_atomic(out / "errors.json", json.dumps(errors, indent=2).encode())
     for name, c in fits.items():
         parity_plot(c, out / f"parity-{name}.png")
+    _remove_stale_plots(out, fits)
     return fits
+
+
+def _remove_stale_plots(out: Path, fits: dict[str, OperatorCalibration]) -> None:
+    """A parity plot of an operator this fit does not have is an earlier fit's: it would
+    sit beside this cost model as if it described it."""
+    for path in out.glob("parity-*.png"):
+        if path.stem.removeprefix("parity-") not in fits:
+            path.unlink()
 
 
 def calibrate_from_vidur(root: Path, out: Path) -> str:

@@ -67,7 +67,7 @@ def _handle(
         if isinstance(err, OSError) and err.filename is None:
             raise
         said = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) else err
-        console.print(f"[red]error[/red]: {said}")
+        console.print(f"[red]error[/red]: {said}", soft_wrap=True)  # one line, to grep
         return 2
     except LiveRunError as err:  # a process of a live run died: one line naming it
         console.print(f"[red]error[/red]: {err}", soft_wrap=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from experiments.arg_types import positive_int
@@ -49,7 +50,11 @@ def cmd_calibrate(args: argparse.Namespace, console: Console, err_console: Conso
             f"efficiencies in [bold]{args.out}[/bold] (use sim.cost_model=roofline:{args.out})"
         )
         return 0
-    fits = calibrate(Path(args.profile_dir), check_out_dir(args.out))
+    fits = calibrate(
+        Path(args.profile_dir),
+        check_out_dir(args.out),
+        note=lambda text: console.print(f"[yellow]note[/yellow]: {escape(text)}", soft_wrap=True),
+    )
     table = Table(title="held-out error per operator")
     for col in ("operator", "model", "held-out MAPE"):
         table.add_column(col)
@@ -61,9 +66,10 @@ def cmd_calibrate(args: argparse.Namespace, console: Console, err_console: Conso
 
 
 def cmd_profile(args: argparse.Namespace, console: Console, err_console: Console) -> int:
-    from runtime.profiler import ProfilePlan, profile_runtime
+    from runtime.profiler import ProfilePlan, check_profile_spec, profile_runtime
 
     spec = _spec_of(args)
+    check_profile_spec(spec)  # before run_log makes --out
     check_out_dir(args.out)
     plan = ProfilePlan()
     with run_log(args.out), RunProgress(err_console, "profile", plan.num_measurements) as bar:
@@ -74,6 +80,7 @@ def cmd_profile(args: argparse.Namespace, console: Console, err_console: Console
 
 def cmd_fidelity(args: argparse.Namespace, console: Console, err_console: Console) -> int:
     from experiments.fidelity import FidelityPlan, load_cases, run_fidelity, write_report
+    from experiments.fidelity_plan import check_fidelity
 
     if args.report_only:
         report = write_report(load_cases(Path(args.out)), Path(args.out))
@@ -92,6 +99,7 @@ def cmd_fidelity(args: argparse.Namespace, console: Console, err_console: Consol
         repeats=args.repeats,
     )
     spec = _spec_of(args)
+    check_fidelity(spec, plan, Path(args.out))  # before run_log makes --out
     total = plan.repeats * len(plan.modes) * len(plan.dispatches) * spec.run.iterations
     with run_log(args.out), RunProgress(err_console, "fidelity", total) as bar:
         report = run_fidelity(spec, plan, Path(args.out), console, on_step=bar.on_step)

@@ -16,7 +16,9 @@ it), and ``repeats.csv`` keeps every run's throughput.
 Writes ``fidelity.csv`` (one row per case and metric: live, sim, relative error
 ``sim / live - 1``), ``fidelity.md`` (the table, the throughput summary, the ranking
 of modes and every run's throughput), ``repeats.csv``, ``bars.png``, ``lags.png`` and ``timeline-overlay.png``; each case's live and
-sim result directories are under ``cases/MODE-DISPATCH/repeat-R/``.
+sim result directories are under ``cases/MODE-DISPATCH/repeat-R/``, with the key of the run
+they belong to (``fidelity-run.json``): a run refuses an ``--out`` holding another run's
+cases, and a report refuses cases of different runs.
 """
 
 from __future__ import annotations
@@ -37,29 +39,20 @@ from experiments.fidelity_compare import (
     repeat_frame,
     summarise,
 )
-from experiments.fidelity_plots import bars, lag_histograms, timeline_overlay
+from experiments.fidelity_plan import (
+    FidelityPlan,
+    case_spec,
+    check_fidelity,
+    check_one_run,
+    mark_case,
+)
+from experiments.fidelity_plots import bars, lag_histograms, overlay_iteration_of, timeline_overlay
 from experiments.fidelity_tables import markdown_table, repeats_table, seed_orders_text
 from policies.logs import run_log
 from policies.results import RunResult
-from policies.spec import RunSpec, override_spec
-
-NO_CHECKPOINTS = 10**9  # live.checkpoint_every: never within a run
+from policies.spec import RunSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True, frozen=True)
-class FidelityPlan:
-    modes: tuple[str, ...]
-    dispatches: tuple[str | None, ...] = (None,)  # None: the spec's own
-    profile_dir: Path | None = None  # calibrated into OUT/cost-model
-    cost_model_dir: Path | None = None
-    overlay_iteration: int = 2  # the iteration of the timeline overlay
-    repeats: int = 1  # live runs per case, each with its own sim twin
-
-    def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -133,27 +126,6 @@ def simulate_twin(live: RunResult, case_dir: Path, cost_model_dir: Path) -> RunR
 # -- orchestration ------------------------------------------------------------------------
 
 
-def case_spec(
-    base: RunSpec,
-    mode: str,
-    dispatch: str | None,
-    url: str,
-    token: str,
-    repeat: int = 0,
-    cost_model_dir: Path | None = None,
-) -> RunSpec:
-    """One live case; with ``cost_model_dir`` its dispatch prices with the calibrated model
-    its sim twin runs on (``live.cost_model``)."""
-    spec = override_spec(base, [f"pipeline.mode={mode}", f"run.seed={base.run.seed + repeat}"])
-    data = spec.model_dump(mode="json")
-    if dispatch is not None:
-        data["policies"]["dispatch"] = dispatch
-    data["live"] |= {"server_urls": [url], "token": token, "checkpoint_every": NO_CHECKPOINTS}
-    if cost_model_dir is not None:
-        data["live"]["cost_model"] = str(cost_model_dir)
-    return RunSpec.model_validate(data)
-
-
 def _cost_model(plan: FidelityPlan, out: Path, console) -> Path:
     if plan.cost_model_dir is not None:
         return plan.cost_model_dir
@@ -161,7 +133,8 @@ def _cost_model(plan: FidelityPlan, out: Path, console) -> Path:
 
     assert plan.profile_dir is not None
     target = out / "cost-model"
-    fits = calibrate(plan.profile_dir, target)
+    note = None if console is None else lambda text: console.print(f"note: {text}", markup=False)
+    fits = calibrate(plan.profile_dir, target, note)
     if console is not None:
         for name, c in fits.items():
             console.print(
@@ -174,15 +147,15 @@ def run_fidelity(
     base: RunSpec, plan: FidelityPlan, out: Path, console=None, on_step=None
 ) -> FidelityReport:
     """Every (mode, dispatch) live on one shared server, then its sim twin; write the report.
-    ``on_step`` hears of every step of every live run (progress)."""
+    ``on_step`` hears of every step of every live run (progress). Every case's spec, the
+    cost model and ``out`` are checked before the server starts."""
     import secrets
 
     from runtime.live_run import model_dir_for
     from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
     from runtime.profile_bursts import warm_up_server
 
-    if base.live.num_servers != 1 or base.live.server_urls:
-        raise ValueError("tandem fidelity starts one server itself: live.num_servers must be 1")
+    key = check_fidelity(base, plan, out)
     out.mkdir(parents=True, exist_ok=True)
     cost_dir = _cost_model(plan, out, console)
     token, live = secrets.token_hex(8), base.live
@@ -191,29 +164,50 @@ def run_fidelity(
         live.kv_cache_gib, live.max_model_len, base.cluster.generation[0].max_num_seqs,
         out / "logs",
     )  # fmt: skip
-    cases: dict[tuple[str, str], Case] = {}
     try:
         wait_healthy(server, live.startup_timeout_s)
         warm_up_server(server.base_url, base)  # as the profile did: no case runs cold
-        for repeat in range(plan.repeats):  # outermost: drift spreads over every case
-            for mode in plan.modes:
-                for dispatch in plan.dispatches:
-                    spec = case_spec(base, mode, dispatch, server.base_url, token, repeat, cost_dir)
-                    name = f"{mode}-{spec.policies.dispatch}"
-                    case_dir = out / "cases" / name / f"repeat-{repeat}"
-                    log.info("case %s, repeat %d/%d", name, repeat + 1, plan.repeats)
-                    live_result, sim_result = run_case(spec, case_dir, cost_dir, on_step)
-                    key = (mode, spec.policies.dispatch)
-                    if key in cases:
-                        cases[key].lives.append(live_result)
-                        cases[key].sims.append(sim_result)
-                    else:
-                        cases[key] = Case(mode, key[1], [live_result], [sim_result])
-                    if console is not None:
-                        _print_run(console, name, repeat, live_result, sim_result)
+        cases = _run_cases(base, plan, out, _Target(server.base_url, token, cost_dir, key),
+                           console, on_step)  # fmt: skip
     finally:
         stop_server(server)
-    return write_report(list(cases.values()), out, plan.overlay_iteration)
+    return write_report(cases, out, plan.overlay_iteration)
+
+
+@dataclass(slots=True, frozen=True)
+class _Target:
+    """Where the cases run: the shared server, the cost model, the run they belong to."""
+
+    url: str
+    token: str
+    cost_dir: Path
+    run_key: str
+
+
+def _run_cases(
+    base: RunSpec, plan: FidelityPlan, out: Path, target: _Target, console, on_step
+) -> list[Case]:
+    cases: dict[tuple[str, str], Case] = {}
+    for repeat in range(plan.repeats):  # outermost: drift spreads over every case
+        for mode in plan.modes:
+            for dispatch in plan.dispatches:
+                spec = case_spec(
+                    base, mode, dispatch, target.url, target.token, repeat, target.cost_dir
+                )
+                name = f"{mode}-{spec.policies.dispatch}"
+                case_dir = out / "cases" / name / f"repeat-{repeat}"
+                log.info("case %s, repeat %d/%d", name, repeat + 1, plan.repeats)
+                mark_case(case_dir, target.run_key)
+                live_result, sim_result = run_case(spec, case_dir, target.cost_dir, on_step)
+                key = (mode, spec.policies.dispatch)
+                if key in cases:
+                    cases[key].lives.append(live_result)
+                    cases[key].sims.append(sim_result)
+                else:
+                    cases[key] = Case(mode, key[1], [live_result], [sim_result])
+                if console is not None:
+                    _print_run(console, name, repeat, live_result, sim_result)
+    return list(cases.values())
 
 
 def run_case(
@@ -233,6 +227,7 @@ def load_cases(out: Path) -> list[Case]:
     runs = list((out / "cases").glob("*/repeat-*"))
     if not runs:
         raise ValueError(f"{out}: no cases/*/repeat-*/ directories (not a fidelity report)")
+    check_one_run(runs, out)
     # in the order they ran: by repeat, then by when each live run finished
     order = {d: (int(d.name.removeprefix("repeat-")), (d / "live" / "metrics.json").stat().st_mtime)
              for d in runs}  # fmt: skip
@@ -260,5 +255,10 @@ def write_report(cases: list[Case], out: Path, overlay_iteration: int = 2) -> Fi
     (out / "fidelity.md").write_text(report.markdown())
     bars(report.frame, out / "bars.png")
     lag_histograms(cases, out / "lags.png")
-    timeline_overlay(cases[0], overlay_iteration, out / "timeline-overlay.png")
+    iteration = overlay_iteration_of(cases[0], overlay_iteration)
+    if iteration is None:  # an empty plot says nothing: leave it out, and say so
+        log.warning("no timeline-overlay.png: %s has no iteration in both runs", cases[0].name)
+        (out / "timeline-overlay.png").unlink(missing_ok=True)
+    else:
+        timeline_overlay(cases[0], iteration, out / "timeline-overlay.png", overlay_iteration)
     return report

@@ -61,8 +61,18 @@ def iteration_window(result: RunResult, iteration: int) -> tuple[float, float]:
     return start, end
 
 
-def timeline_overlay(case: Case, iteration: int, path: Path) -> None:
-    """The spans of one iteration, live above sim, each from its iteration's start."""
+def overlay_iteration_of(case: Case, wanted: int) -> int | None:
+    """``wanted`` if both the case's live run and its twin ran it, else the last iteration
+    both ran (a run of 2 iterations has no iteration 2); None if they share none."""
+    ran = set(case.live.samples_frame()["iteration"]) & set(case.sim.samples_frame()["iteration"])
+    if wanted in ran:
+        return wanted
+    return int(max(ran)) if ran else None
+
+
+def timeline_overlay(case: Case, iteration: int, path: Path, wanted: int | None = None) -> None:
+    """The spans of one iteration, live above sim, each from its iteration's start; the
+    title says when that is not the ``wanted`` one (the run did not have it)."""
     import matplotlib.pyplot as plt
 
     from experiments.plots import KIND_COLORS, save_figure
@@ -82,7 +92,8 @@ def timeline_overlay(case: Case, iteration: int, path: Path) -> None:
                         edgecolor="black", linewidth=0.3)  # fmt: skip
     ax.set_yticks(range(len(labels)), labels)
     ax.set_xlabel(f"seconds from the start of iteration {iteration}")
-    ax.set_title(f"{case.name}: iteration {iteration}, live vs sim")
+    instead = f" (the run has no iteration {wanted})" if wanted not in (None, iteration) else ""
+    ax.set_title(f"{case.name}: iteration {iteration}, live vs sim{instead}")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLORS.values()]
     ax.legend(handles, list(KIND_COLORS), fontsize=7, loc="upper right", ncol=3)
     save_figure(fig, path)

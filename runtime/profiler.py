@@ -50,6 +50,7 @@ import httpx
 from policies.spec import RunSpec
 from runtime.http_pool import POOL_LIMITS
 from runtime.live_run import model_dir_for, trainer_config
+from runtime.model import check_model_dir
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.profile_bursts import (
     ACTOR_ROUTE,
@@ -82,11 +83,15 @@ class ProfilePlan:
 
     @property
     def num_measurements(self) -> int:
+        """The progress ticks of a profile: its setup steps and every measurement."""
         decode = len(self.batch_sizes) * (1 + len(self.max_tokens))
         contended = len(self.contended_batch_sizes) * len(self.max_tokens)
         contended += len(self.contended_micro_batches)
         train = len(self.micro_batch_samples) * self.train_repeats
-        return 1 + decode + train + self.num_pushes + contended
+        return len(SETUP_STEPS) + decode + train + self.num_pushes + contended
+
+
+SETUP_STEPS = ("server up", "warm-up")  # ticked before the first measurement
 
 
 @dataclass(slots=True)
@@ -103,7 +108,7 @@ def profile_runtime(
     spec: RunSpec, out_dir: Path, plan: ProfilePlan | None = None, progress: Progress | None = None
 ) -> Path:
     """Profile ``spec``'s runtime (one server, one trainer); write the tables to ``out_dir``."""
-    check_context(task_set(spec), spec.live.max_model_len)
+    check_profile_spec(spec)
     plan = plan or ProfilePlan()
     tick = progress or (lambda _: None)
     out_dir = Path(out_dir)
@@ -118,7 +123,7 @@ def profile_runtime(
     trainer = TrainerProcess(trainer_config(spec, model_dir), train_cores)
     try:
         wait_healthy(server, live.startup_timeout_s)
-        tick("server up")
+        tick(SETUP_STEPS[0])
         tasks = task_set(spec)
         tables = asyncio.run(
             _measure_server(spec, plan, tasks, server.base_url, token, trainer, tick)
@@ -136,6 +141,14 @@ def profile_runtime(
     return out_dir
 
 
+def check_profile_spec(spec: RunSpec) -> None:
+    """What a profile of ``spec`` needs, checked before a server or trainer starts (a
+    missing model directory failed ~20 s in, as a server's traceback)."""
+    if spec.model.path:
+        check_model_dir(spec.model.path, "model.path")
+    check_context(task_set(spec), spec.live.max_model_len)
+
+
 # -- generation: decode and prefill -------------------------------------------------------
 
 
@@ -143,7 +156,7 @@ async def _measure_server(spec, plan, tasks, url, token, trainer, tick) -> Profi
     temperature = spec.live.temperature
     async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=POOL_LIMITS) as http:
         await warm_up(http, tasks, temperature)
-        tick("warm-up")
+        tick(SETUP_STEPS[1])
         decode, prefill = await _measure_decode(http, plan, tasks, temperature, tick)
         sync = await _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tick)
         items = train_items(tasks, spec.live.micro_batch_samples, 11, _vocab_size(spec))

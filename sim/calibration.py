@@ -199,17 +199,54 @@ def _heldout(x: np.ndarray, y: np.ndarray, estimator: str, seed: int = 0) -> np.
     return out
 
 
-def calibrate_operator(name: str, frame: pd.DataFrame) -> OperatorCalibration:
+def read_table(path: Path) -> pd.DataFrame:
+    """A profile's CSV table; a ValueError naming ``path`` if it holds no table."""
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: empty file (no header row, no measurements)") from None
+    except pd.errors.ParserError as err:
+        raise ValueError(f"{path}: not a CSV table ({str(err).strip()})") from None
+
+
+def missing_columns(name: str, frame: pd.DataFrame) -> list[str]:
+    """The columns operator ``name``'s fit needs that ``frame`` lacks."""
+    _, inputs, target, _ = OPERATOR_TABLES[name]
+    return sorted(({target} | set(inputs.values())) - set(frame.columns))
+
+
+def _numeric_columns(frame: pd.DataFrame, columns: list[str], source: str) -> pd.DataFrame:
+    """``frame`` with ``columns`` as floats; a ValueError naming the first cell that is
+    empty, text or infinite (a fit on it fails with an error that names no file)."""
+    out = frame.copy()
+    for column in columns:
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(float)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raw = frame[column].iloc[row]
+            what = "empty" if pd.isna(raw) else f"{raw!r} is not a finite number"
+            raise ValueError(f"{source}: column {column}, row {row + 1}: {what}")
+        out[column] = values
+    return out
+
+
+def calibrate_operator(
+    name: str, frame: pd.DataFrame, source: str | None = None
+) -> OperatorCalibration:
+    """Fit operator ``name`` to ``frame``; ``source`` (the file) is named in errors."""
     _, inputs, target, candidates = OPERATOR_TABLES[name]
-    missing = ({target} | set(inputs.values())) - set(frame.columns)
+    source = source or f"profile for {name}"
+    missing = missing_columns(name, frame)
     if missing:
-        raise ValueError(f"profile for {name}: missing column(s) {', '.join(sorted(missing))}")
+        raise ValueError(f"{source}: missing column(s) {', '.join(missing)} (operator {name})")
+    frame = _numeric_columns(frame, sorted({target} | set(inputs.values())), source)
     # a differential timing (e.g. a decode step from two burst lengths) swamped by noise
     # can come out <= 0: not a duration, and it would break the relative error
     frame = frame[frame[target] > 0]
     if len(frame) < 2:
         raise ValueError(
-            f"profile for {name}: need at least 2 positive measurements of {target}, "
+            f"{source}: operator {name} needs at least 2 positive measurements of {target}, "
             f"got {len(frame)}"
         )
     y = frame[target].to_numpy(float)
@@ -232,17 +269,53 @@ def _candidate_name(bases: tuple[str, ...], estimator: str) -> str:
     return "+".join(bases) if estimator == "least-squares" else f"{'+'.join(bases)} (median)"
 
 
+def skipped_operators(profile_dir: Path) -> dict[str, str]:
+    """The optional operators whose table is in an older profile format (it lacks a column
+    the fit needs; e.g. decode_contended.csv before its ``slowdown`` column), each with
+    why it is skipped. Other operators calibrate without them."""
+    skipped = {}
+    for name in OPTIONAL_OPERATORS:
+        path = profile_dir / OPERATOR_TABLES[name][0]
+        if not path.is_file():
+            continue
+        missing = missing_columns(name, read_table(path))
+        if missing:
+            skipped[name] = (
+                f"{path} is in an older profile format (no column {', '.join(missing)}); "
+                "profile again to calibrate it"
+            )
+    return skipped
+
+
 def calibrate_profile(profile_dir: Path) -> dict[str, OperatorCalibration]:
-    """Fit every operator of a ``tandem profile`` directory (optional ones if profiled)."""
+    """Fit every operator of a ``tandem profile`` directory (optional ones if profiled in
+    the current format: :func:`skipped_operators`)."""
+    skipped = skipped_operators(profile_dir)
     out = {}
     for name, (filename, *_rest) in OPERATOR_TABLES.items():
         path = profile_dir / filename
-        if not path.exists() and name in OPTIONAL_OPERATORS:
+        if name in skipped or (not path.exists() and name in OPTIONAL_OPERATORS):
             continue
         if not path.exists():
             raise ValueError(f"profile {profile_dir}: {filename} is missing")
-        out[name] = calibrate_operator(name, pd.read_csv(path))
+        out[name] = calibrate_operator(name, read_table(path), str(path))
     return out
+
+
+PROFILE_KEYS = ("weight_bytes", "kv_capacity_tokens")  # profile.json numbers the model keeps
+
+
+def check_profile_info(profile: object, path: Path) -> None:
+    """A ValueError naming ``path`` unless ``profile`` (profile.json) has every key of
+    :data:`PROFILE_KEYS` as a number."""
+    if not isinstance(profile, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    for key in PROFILE_KEYS:
+        if key not in profile:
+            raise ValueError(f"{path}: no {key} (not a complete `tandem profile`)")
+        value = profile[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{path}: {key} is {value!r}, not a number")
 
 
 def cost_model_document(fits: dict[str, OperatorCalibration], profile: dict) -> dict:

@@ -191,3 +191,66 @@ def test_live_dispatch_prices_with_the_calibrated_model_when_one_is_configured(t
     missing = small_spec(live__cost_model=str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="live.cost_model"):
         live_policies(missing, tasks, prompts, 2)
+
+
+@pytest.mark.parametrize(
+    ("table", "text", "message"),
+    [
+        ("decode.csv", "batch_size,context_tokens,step_s\n1,20,abc\n4,90,0.009\n",
+         r"decode.csv: column step_s, row 1: 'abc' is not a finite number$"),
+        ("decode.csv", "batch_size,context_tokens,step_s\n1,20,0.008\n,90,0.009\n",
+         r"decode.csv: column batch_size, row 2: empty$"),
+        ("prefill.csv", "", r"prefill.csv: empty file"),
+    ],
+)  # fmt: skip
+def test_a_malformed_table_is_named_with_its_column_and_row(tmp_path, table, text, message):
+    from experiments.calibrate import calibrate
+
+    _write_profile(tmp_path)
+    (tmp_path / table).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        calibrate(tmp_path, tmp_path / "fit")
+
+
+def test_a_profile_json_without_weight_bytes_is_named(tmp_path):
+    from experiments.calibrate import calibrate
+
+    _write_profile(tmp_path)
+    (tmp_path / "profile.json").write_text(json.dumps({"kv_capacity_tokens": 100000}))
+    with pytest.raises(ValueError, match=r"profile.json: no weight_bytes"):
+        calibrate(tmp_path, tmp_path / "fit")
+    assert not (tmp_path / "fit").exists()  # checked before fitting
+
+
+def test_an_older_contended_decode_table_is_skipped_with_a_note(tmp_path):
+    from experiments.calibrate import calibrate
+
+    _write_profile(tmp_path)
+    pd.DataFrame(  # before the slowdown column: contended step times only
+        {"batch_size": [3, 3, 20, 20], "context_tokens": [56, 188, 60, 190],
+         "step_s": [0.010, 0.011, 0.014, 0.015], "max_tokens": [24, 112] * 2}
+    ).to_csv(tmp_path / "decode_contended.csv", index=False)  # fmt: skip
+    notes: list[str] = []
+    fits = calibrate(tmp_path, tmp_path / "fit", notes.append)
+    assert "decode_slowdown" not in fits and "decode" in fits
+    assert notes == [
+        f"decode_slowdown not calibrated: {tmp_path / 'decode_contended.csv'} is in an older "
+        "profile format (no column slowdown); profile again to calibrate it"
+    ]
+
+
+def test_calibrating_again_removes_parity_plots_of_operators_it_no_longer_has(tmp_path):
+    from experiments.calibrate import calibrate
+
+    _write_profile(tmp_path)
+    pd.DataFrame(
+        {"batch_size": [3, 3, 20, 20, 64, 64], "max_tokens": [24, 112] * 3,
+         "slowdown": [1.5, 1.4, 1.5, 1.6, 1.5, 1.5]}
+    ).to_csv(tmp_path / "decode_contended.csv", index=False)  # fmt: skip
+    calibrate(tmp_path, tmp_path / "fit")
+    assert (tmp_path / "fit" / "parity-decode_slowdown.png").exists()
+    (tmp_path / "decode_contended.csv").unlink()
+    fits = calibrate(tmp_path, tmp_path / "fit")
+    assert sorted(p.name for p in (tmp_path / "fit").glob("parity-*.png")) == sorted(
+        f"parity-{name}.png" for name in fits
+    )

@@ -241,3 +241,77 @@ def test_seed_orders_keep_only_pairs_every_seed_agrees_on():
     assert seed_orders(repeats, "ll") == [("a", "b", False), ("a", "c", True)]
     assert "1 of 2" in seed_orders_text(repeats)
     assert seed_orders_text(repeats[repeats["seed"] == 0].assign(repeat=0)) == ""
+
+
+def _no_server(monkeypatch):
+    import runtime.procs
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a server started before the plan was checked")
+
+    monkeypatch.setattr(runtime.procs, "start_server", refuse)
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        (FidelityPlan(("pipeline", "stream-asyc")), "^--modes stream-asyc: unknown name"),
+        (FidelityPlan(("pipeline",), ("least-loded",)), "^--dispatch least-loded: unknown name"),
+    ],
+)
+def test_a_bad_mode_or_dispatch_fails_before_the_server_starts(
+    tmp_path, monkeypatch, plan, message
+):
+    from experiments.fidelity import run_fidelity
+
+    _no_server(monkeypatch)
+    plan = FidelityPlan(plan.modes, plan.dispatches, cost_model_dir=write_cost_model(tmp_path))
+    with pytest.raises(ValueError, match=message) as err:
+        run_fidelity(load_spec(CONFIG), plan, tmp_path / "out")
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_cost_model_fails_before_the_server_starts(tmp_path, monkeypatch):
+    from experiments.fidelity import run_fidelity
+
+    _no_server(monkeypatch)
+    plan = FidelityPlan(("pipeline",), cost_model_dir=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="^--cost-model: cost model .*nowhere"):
+        run_fidelity(load_spec(CONFIG), plan, tmp_path / "out")
+
+
+def _save_case(out: Path, name: str, key: str | None) -> None:
+    from experiments.fidelity_plan import mark_case
+
+    case_dir = out / "cases" / name / "repeat-0"
+    _result(2.0, [1, 1, 0, 0]).save(case_dir / "live")
+    _result(1.9, [1, 0, 0, 0]).save(case_dir / "sim")
+    if key is not None:
+        mark_case(case_dir, key)
+
+
+def test_a_run_into_an_out_holding_another_runs_cases_is_refused(tmp_path, monkeypatch):
+    from experiments.fidelity import run_fidelity
+
+    _no_server(monkeypatch)
+    _save_case(tmp_path, "stream-async-least-loaded", "0123456789ab")
+    plan = FidelityPlan(("pipeline",), cost_model_dir=write_cost_model(tmp_path / "cm"))
+    with pytest.raises(ValueError, match=r"cases holds cases of another fidelity run \(cases/"):
+        run_fidelity(load_spec(CONFIG), plan, tmp_path)
+
+
+def test_report_only_refuses_cases_of_different_runs(tmp_path):
+    _save_case(tmp_path, "stream-async-least-loaded", "aaaaaaaaaaaa")
+    _save_case(tmp_path, "pipeline-least-loaded", "bbbbbbbbbbbb")
+    with pytest.raises(ValueError, match="mixes cases of different fidelity runs.*pipeline-least"):
+        load_cases(tmp_path)
+
+
+def test_the_overlay_uses_an_iteration_the_run_has(tmp_path):
+    from experiments.fidelity_plots import overlay_iteration_of
+
+    case = Case("disagg-sync", "rr", [_result(1.0, [0, 0, 0, 0])], [_result(1.0, [0, 0, 0, 0])])
+    assert overlay_iteration_of(case, 2) == 1  # two iterations: 0 and 1
+    assert overlay_iteration_of(case, 0) == 0
+    write_report([case], tmp_path)  # the default (iteration 2)
+    assert (tmp_path / "timeline-overlay.png").stat().st_size > 0
