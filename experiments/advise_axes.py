@@ -119,24 +119,44 @@ def _check_values(name: str, values: list[Any], text: str) -> None:
 
 
 def feasible_tps(estimator: Estimator, tps: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """Per hardware, the tps at which the weights and one longest sequence fit."""
+    """Per hardware, the tps at which the model shards and the weights and one longest
+    sequence fit; a ``SpecError`` saying why each failed where none fits any hardware
+    (else the space collapsed to the input spec alone, reported as fully covered)."""
     spec = estimator.spec
     need = spec.workload.prompt_tokens_median + max(
         spec.workload.max_output_tokens, spec.workload.final_max_output_tokens or 0
     )
     largest = max(g.num_gpus for g in estimator.inventory.groups)
     out: dict[str, tuple[int, ...]] = {}
+    why: dict[int, str] = {}
     for g in estimator.inventory.groups:
         fits = []
         for tp in tps:
-            try:
-                capacity = estimator.cost.kv_capacity_tokens(Device(g.hardware, tp))
-            except ValueError:  # the weights alone do not fit
-                continue
-            if capacity >= need and tp <= largest:
+            problem = _tp_problem(estimator, g.hardware, tp, need, largest)
+            if problem is None:
                 fits.append(tp)
+            else:
+                why.setdefault(tp, problem)
         out[g.hardware] = tuple(fits)
+    if not any(out.values()):
+        listed = ",".join(map(str, tps))
+        raise SpecError(f"tp {listed}: none fits ({'; '.join(why.values())})")
     return out
+
+
+def _tp_problem(
+    estimator: Estimator, hardware: str, tp: int, need: int, largest: int
+) -> str | None:
+    """Why ``tp`` does not fit on ``hardware``, or None where it does."""
+    try:
+        capacity = estimator.cost.kv_capacity_tokens(Device(hardware, tp))
+    except ValueError as err:  # the heads do not shard evenly, or the weights do not fit
+        return str(err)
+    if tp > largest:
+        return f"tp {tp}: more than the {largest} GPUs of the largest group"
+    if capacity < need:
+        return f"tp {tp} on {hardware}: KV for {capacity} tokens, one sequence needs {need}"
+    return None
 
 
 def alg1_splits(estimator: Estimator, axes: SearchAxes) -> dict[int, tuple[int, ...]]:

@@ -71,6 +71,10 @@ def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int
     from experiments.advise_plan import SpaceOptions
     from experiments.advise_report import write_advice
 
+    if args.live_check:
+        from experiments.advise_live import check_live_spec
+
+        check_live_spec(spec)  # before the search, not after it
     options = AdviseOptions(
         space=SpaceOptions(args.max_staleness, args.objective, tuple(args.axis)),
         budget_s=args.budget_s,

@@ -123,16 +123,22 @@ def _cost_model_dir(base: RunSpec) -> Path:
     return Path(base.sim.cost_model.removeprefix("profiled:"))
 
 
+def check_live_spec(base: RunSpec) -> Path:
+    """What the live check needs of the input spec, checked before the search (it ran
+    the whole search, then refused); returns the calibrated cost model's directory."""
+    if base.live.num_servers != 1 or base.live.server_urls:
+        raise ValueError("the live check starts one server itself: live.num_servers must be 1")
+    return _cost_model_dir(base)
+
+
 def live_check(
     advice: Advice, plan: LivePlan, out: Path, console: Console | None = None
 ) -> LiveCheck:
     base = advice.space.base
-    if base.live.num_servers != 1 or base.live.server_urls:
-        raise ValueError("the live check starts one server itself: live.num_servers must be 1")
+    cost_dir = check_live_spec(base)
     chosen = picks(advice, plan.top)
     if len({c.structure.max_num_seqs for _, c, _ in chosen}) != 1:
         raise ValueError("the live check shares one server: restrict with --axis max_num_seqs=N")
-    cost_dir = _cost_model_dir(base)
     check = LiveCheck([n for n, _, _ in chosen], {n: v for n, _, v in chosen})
     out.mkdir(parents=True, exist_ok=True)
     _run_all(base, chosen, plan.repeats, out, cost_dir, check, console)

@@ -20,7 +20,7 @@ from experiments.arg_types import positive_int
 from experiments.cli_errors import run_handler
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
-from experiments.guards import check_out_dir, fresh_dir
+from experiments.guards import check_out_dir, check_out_file, fresh_dir
 from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
@@ -194,13 +194,15 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def cmd_ranker(args: argparse.Namespace) -> int:
     from experiments import predictors
 
+    trace = Path(args.trace)
     if args.action == "fit":
-        console.print(
-            predictors.fit_command(Path(args.trace), Path(args.out), args.model, args.before)
-        )
+        out = check_out_file(Path(args.out), [trace])
+        console.print(predictors.fit_command(trace, out, args.model, args.before))
         return 0
-    json_path = Path(args.json) if args.json else None
-    report = predictors.eval_command(Path(args.model_file), Path(args.trace), json_path)
+    model = Path(args.model_file)
+    json_path = Path(args.json or model.with_suffix(".eval.json"))
+    json_path = check_out_file(json_path, [model, trace], flag="--json")
+    report = predictors.eval_command(model, trace, json_path)
     console.print(predictors.eval_table(report))
     console.print(f"metrics in [bold]{report['json_path']}[/bold]")
     return 0
@@ -285,7 +287,10 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
     repro = sub.add_parser("reproduce", help="reproduce a paper's throughput study as a report")
     repro.add_argument("study", choices=["streamrl", "pipelinerl"], help="the paper's study")
     repro.add_argument("--quick", action="store_true", help="fewer iterations and points (≤ 60 s)")
-    repro.add_argument("--out", help="report directory (default: runs/reproduce-STUDY)")
+    repro.add_argument(
+        "--out", help="report directory (default: runs/reproduce-STUDY, with --quick "
+        "runs/reproduce-STUDY-quick)",
+    )  # fmt: skip
     repro.add_argument(
         "--workers", type=positive_int, default=2, help="parallel simulation processes"
     )

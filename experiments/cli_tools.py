@@ -56,10 +56,12 @@ def cmd_export(args: argparse.Namespace, console: Console, err_console: Console)
 
 
 def cmd_trace(args: argparse.Namespace, console: Console, err_console: Console) -> int:
+    from experiments.guards import check_out_file
     from policies.results import RunResult, write_atomic
 
+    default = Path(args.run_dir) / "trace.json"
+    out = check_out_file(Path(args.out) if args.out else default, [], default=default)
     result = RunResult.load(Path(args.run_dir))
-    out = Path(args.out) if args.out else Path(args.run_dir) / "trace.json"
     write_atomic(out, result.trace_json())
     console.print(f"trace in [bold]{out}[/bold] (open it at https://ui.perfetto.dev)")
     return 0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
+
+from policies.results import RESULT_FILES
 
 # modules of the live runtime (scripts/setup.sh --live); a simulator-only install lacks them
 LIVE_MODULES = frozenset(
@@ -12,6 +15,7 @@ LIVE_MODULES = frozenset(
      "safetensors", "tokenizers"}
 )  # fmt: skip
 LIVE_INSTALL_HINT = "install the live runtime with: bash scripts/setup.sh --live"
+RUN_FILES = frozenset({"spec.yaml", "run.log", *RESULT_FILES})  # a run directory's own files
 
 
 def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
@@ -37,6 +41,29 @@ def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
         with contextlib.suppress(OSError):
             probe.unlink()
     return path
+
+
+def check_out_file(
+    out: Path, inputs: Sequence[Path], flag: str = "--out", default: Path | None = None
+) -> Path:
+    """Refuse an output file that is one of the command's ``inputs`` or an existing file of
+    a run directory (``tandem trace RUN --out RUN/metrics.json`` replaced the run's
+    metrics), before any work; ``default`` is the command's own default output, which
+    it may rewrite (``RUN/trace.json``)."""
+    for source in inputs:
+        if _same_file(out, source):
+            raise ValueError(f"{flag} {out}: is the command's input {source}; write elsewhere")
+    is_run_file = out.name in RUN_FILES and (out.parent / "spec.yaml").is_file()
+    if out.is_file() and is_run_file and not (default and _same_file(out, default)):
+        raise ValueError(f"{flag} {out}: would replace a result of run {out.parent}")
+    return out
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (through links, ``..`` or a relative path)."""
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
 
 
 def fresh_dir(base: Path) -> Path:

@@ -156,7 +156,7 @@ def eval_command(model_path: Path, trace_path: Path, json_path: Path | None) -> 
     ranker = RankerPredictor.load(model_path)
     report = as_json(eval_report(ranker, load_trace(trace_path)))
     json_path = json_path or model_path.with_suffix(".eval.json")
-    write_atomic(json_path, json.dumps(report, indent=2).encode())
+    write_atomic(json_path, json.dumps(report, indent=2, allow_nan=False).encode())
     report["json_path"] = str(json_path)
     return report
 
@@ -175,7 +175,7 @@ def eval_table(report: dict[str, Any]) -> Table:
         table.add_column(name, justify="right")
     columns = [later["ranker"], later["baseline"], heldout["ranker"], heldout["baseline"]]
     for key in ("recall_20", "recall_10", "recall_5", "spearman", "kendall", "num_samples"):
-        table.add_row(key, *(f"{c[key]:.4g}" for c in columns))
+        table.add_row(key, *("n/a" if c[key] is None else f"{c[key]:.4g}" for c in columns))
     t = report["timings"]
     table.add_row("fit_s", f"{t['fit_s']:.2f}", "", "", "")
     table.add_row("predict_s", f"{t['predict_s']:.2f}", "", "", "")

@@ -13,9 +13,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.protocols import Device
+
+if TYPE_CHECKING:
+    from policies.spec import RunSpec
 
 COST_MODEL_FORMAT = "tandem-cost-model"
 COST_MODEL_VERSION = 1
@@ -86,6 +89,40 @@ def cost_model_path(path: str | Path, key: str) -> Path:
     return path
 
 
+@dataclass(slots=True, frozen=True)
+class ProfileTarget:
+    """What a run prices with a profile: its model and its generation hardware (rows of
+    ``cluster.generation``); ``key`` is the spec key that named the profile, for errors."""
+
+    model: str
+    hardware: tuple[str, ...]
+    key: str
+
+    @classmethod
+    def of(cls, spec: RunSpec, key: str) -> ProfileTarget:
+        hardware = tuple(dict.fromkeys(pool.hardware for pool in spec.cluster.generation))
+        return cls(spec.model.name, hardware, key)
+
+
+def check_profile_source(source: dict[str, Any], path: Path, target: ProfileTarget) -> None:
+    """Refuse a profile measured on another model or hardware than ``target``'s: its
+    numbers would price the run as the profiled machine (a 2-core CPU pricing a 7B model
+    on H800). A document without a recorded source (hand-written) is taken as it is."""
+    model = (source.get("model") or {}).get("name")
+    if model is not None and model != target.model:
+        raise ValueError(
+            f"{target.key}: {path} was profiled on model {model!r}, the spec runs "
+            f"{target.model!r}; calibrate on this model or use a roofline cost model"
+        )
+    kind = (source.get("hardware") or {}).get("kind")
+    other = [h for h in target.hardware if kind is not None and h.lower() != str(kind).lower()]
+    if other:
+        raise ValueError(
+            f"{target.key}: {path} was profiled on hardware {kind!r}, the spec generates on "
+            f"{', '.join(map(repr, other))}; calibrate on that hardware or use a roofline model"
+        )
+
+
 @dataclass(slots=True)
 class CalibratedCosts:
     """The calibrated operators as a ``policies.protocols.CostModel`` (and more), in seconds.
@@ -98,7 +135,9 @@ class CalibratedCosts:
     source: dict[str, Any]
 
     @classmethod
-    def load(cls, path: Path) -> CalibratedCosts:
+    def load(cls, path: Path, target: ProfileTarget | None = None) -> CalibratedCosts:
+        """The cost model at ``path``; with a ``target``, refuse one profiled on another
+        model or hardware (``check_profile_source``)."""
         data = json.loads(Path(path).read_text())
         if data.get("format") != COST_MODEL_FORMAT:
             raise ValueError(f"{path}: not a tandem cost model (format {data.get('format')!r})")
@@ -107,6 +146,8 @@ class CalibratedCosts:
             raise ValueError(f"{path}: missing operator(s) {', '.join(missing)}")
         present = OPERATORS + tuple(op for op in OPTIONAL_OPERATORS if op in data["operators"])
         fits = {op: OperatorFit.from_dict(data["operators"][op]) for op in present}
+        if target is not None:
+            check_profile_source(data.get("source", {}), Path(path), target)
         return cls(
             fits,
             float(data["weight_bytes"]),

@@ -152,8 +152,11 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise IsADirectoryError(
             errno.EISDIR, "a directory, where a file is to be written", str(path)
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as err:  # name the file asked for, not the temporary one beside it
+        raise type(err)(err.errno, err.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

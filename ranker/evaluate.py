@@ -15,13 +15,15 @@ those prompts with no history at all: text and prompt length only).
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import kendalltau, spearmanr
+from scipy.stats import ConstantInputWarning, kendalltau, spearmanr
 
 from ranker.features import FeatureSpec
 from ranker.online import RankerPredictor
@@ -52,14 +54,11 @@ def rank_metrics(true_tokens: np.ndarray, scores: np.ndarray) -> RankMetrics:
     true_tokens = np.asarray(true_tokens, float)
     scores = np.asarray(scores, float)
     r20, r10, r5 = (top_recall(true_tokens, scores, f) for f in TOP_FRACTIONS)
-    return RankMetrics(
-        recall_20=r20,
-        recall_10=r10,
-        recall_5=r5,
-        spearman=float(spearmanr(true_tokens, scores).statistic),
-        kendall=float(kendalltau(true_tokens, scores).statistic),
-        num_samples=len(true_tokens),
-    )
+    with warnings.catch_warnings():  # constant lengths: NaN, reported as null (as_json)
+        warnings.simplefilter("ignore", ConstantInputWarning)
+        spearman = float(spearmanr(true_tokens, scores).statistic)
+        kendall = float(kendalltau(true_tokens, scores).statistic)
+    return RankMetrics(r20, r10, r5, spearman, kendall, num_samples=len(true_tokens))
 
 
 def baseline_scores(trace: pd.DataFrame) -> np.ndarray:
@@ -87,6 +86,11 @@ def split_prompts(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rows of the kept prompt ids (train) and of a random ``heldout_fraction`` (test)."""
     ids = np.unique(trace["prompt_id"].to_numpy())
+    if len(ids) < 2:
+        raise ValueError(
+            f"held-out prompts: the trace has {len(ids)} prompt id(s), too few to hold some "
+            "out and fit on the rest (at least 2 are needed)"
+        )
     rng = np.random.default_rng(seed)
     heldout = rng.choice(ids, size=max(1, int(round(heldout_fraction * len(ids)))), replace=False)
     test = trace["prompt_id"].isin(heldout)
@@ -138,10 +142,14 @@ def timings(trace: pd.DataFrame, model: str, num_rows: int = TIMING_ROWS) -> dic
     return {"num_rows": num_rows, "fit_s": t1 - t0, "predict_s": t2 - t1}
 
 
-def as_json(report: dict[str, Any]) -> dict[str, Any]:
-    """A report with every :class:`RankMetrics` turned into a plain dict."""
+def as_json(report: Any) -> Any:
+    """A report with every :class:`RankMetrics` turned into a plain dict and every NaN
+    into None (``null``): a rank correlation of constant lengths is undefined, and a bare
+    ``NaN`` is not JSON."""
     if isinstance(report, RankMetrics):
-        return asdict(report)
+        return as_json(asdict(report))
     if isinstance(report, dict):
         return {k: as_json(v) for k, v in report.items()}
+    if isinstance(report, float) and math.isnan(report):
+        return None
     return report

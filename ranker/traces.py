@@ -15,9 +15,13 @@ import numpy as np
 import pandas as pd
 
 from policies.records import Request
+from policies.token_counts import check_token_counts
 from ranker.features import REQUEST_COLUMNS
 
 TRACE_COLUMNS = [*REQUEST_COLUMNS, "output_tokens"]
+# columns that count tokens: each must hold whole numbers >= 1 (``int64`` of a blank is
+# -2^63, with only a numpy warning)
+LENGTH_COLUMNS = ("output_tokens", "prompt_tokens", "max_tokens")
 
 
 def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
@@ -54,6 +58,9 @@ def read_trace(path: Path) -> pd.DataFrame:
         if "prompt" not in raw.columns:
             raise ValueError(f"trace {path} needs column prompt_id or prompt")
         raw = _ids_from_text(raw)
+    for column in LENGTH_COLUMNS:
+        if column in raw.columns:
+            check_token_counts(raw, column, f"trace {path}")
     return normalize(raw)
 
 

@@ -10,7 +10,7 @@ Only skewness-aware dispatch uses a cost model live, to compare instance splits.
 
 from __future__ import annotations
 
-from policies.calibrated import CalibratedCosts, cost_model_path
+from policies.calibrated import CalibratedCosts, ProfileTarget, cost_model_path
 from policies.protocols import CostModel, Device
 from policies.spec import RunSpec
 
@@ -19,7 +19,8 @@ def live_cost_model(spec: RunSpec) -> CostModel:
     """``live.cost_model``'s calibrated model, or the documented fallback (tiny constants)."""
     if spec.live.cost_model is None:
         return TinyCostModel()
-    return CalibratedCosts.load(cost_model_path(spec.live.cost_model, "live.cost_model"))
+    path = cost_model_path(spec.live.cost_model, "live.cost_model")
+    return CalibratedCosts.load(path, ProfileTarget.of(spec, "live.cost_model"))
 
 
 class TinyCostModel:

@@ -236,9 +236,10 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
     if path.is_dir():
         path = path / "cost_model.json"
     if path.suffix == ".json":
+        from policies.calibrated import ProfileTarget
         from sim.calibrated import CalibratedCostModel
 
-        return CalibratedCostModel.load(path)
+        return CalibratedCostModel.load(path, ProfileTarget.of(spec, "sim.cost_model"))
     return ProfiledCostModel(
         path, model_for(spec.model), spec.sim.efficiency, spec.algorithm.name,
         spec.algorithm.kl_coef > 0,

@@ -126,7 +126,12 @@ def model_table() -> dict[str, Model]:
 def model(name: str) -> Model:
     table = model_table()
     if name not in table:
-        live = " ('tiny' is the live runtime's model: add --live)" if name == "tiny" else ""
+        live = (  # the roofline has no shape for it; a profile of the live runtime prices it
+            " ('tiny' is the live runtime's model: simulate it with "
+            "sim.cost_model=profiled:DIR from tandem calibrate, or run it with tandem run --live)"
+            if name == "tiny"
+            else ""
+        )
         raise ValueError(
             f"model.name: unknown model {name!r}{live}; models.csv has {', '.join(table)}"
         )

@@ -27,6 +27,7 @@ from scipy.special import ndtr
 from policies.records import Request
 from policies.rng import RngStreams
 from policies.spec import RunSpec
+from policies.token_counts import check_token_counts
 from sim.tables import data_path
 
 HISTOGRAM_MAX_TOKENS = 20000
@@ -181,16 +182,7 @@ def _load_trace(path: Path) -> tuple[list[list[int]], np.ndarray | None]:
         )
     if frame.empty:
         raise ValueError(f"workload.trace_path: {path} has no rows")
-    tokens = pd.to_numeric(frame["output_tokens"], errors="coerce")
-    bad = ~(tokens.notna() & (tokens >= 1) & (tokens == tokens.round()))
-    if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        value = frame["output_tokens"].iloc[row]
-        shown = f"{value:g}" if isinstance(value, (int, float, np.number)) else repr(value)
-        raise ValueError(
-            f"workload.trace_path: {path} data row {row + 1}: output_tokens {shown} is not "
-            "a whole number of tokens >= 1"
-        )
+    check_token_counts(frame, "output_tokens", f"workload.trace_path: {path}")
     grouped = frame.groupby("prompt_id", sort=True)
     lengths = [list(map(int, g)) for _, g in grouped["output_tokens"]]
     prompt_tokens = None

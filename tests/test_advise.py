@@ -160,3 +160,21 @@ def test_cli_advise_writes_the_outputs_and_rejects_bad_input(tmp_path, capsys):
     assert stop.value.code == 2
     with pytest.raises(SystemExit):
         main(["advise", str(spec_path), "--out", str(out), "--objective", "latency"])
+
+
+def test_advise_refuses_what_it_cannot_do_before_searching(tmp_path, capsys, monkeypatch):
+    """Seen: ``--live-check`` without a calibrated cost model refused only after the whole
+    search; ``advise live-tiny`` hinted at an ``--live`` flag advise does not have."""
+    import experiments.advise
+
+    out = str(tmp_path / "out")
+    assert main(["advise", "live-tiny", "--out", out]) == 2
+    said = " ".join(capsys.readouterr().out.split())
+    assert "sim.cost_model=profiled:DIR" in said and "add --live" not in said
+
+    def searched(*args, **kwargs):
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr(experiments.advise, "advise", searched)
+    assert main(["advise", "streamrl-7b", "--live-check", "2", "--out", out]) == 2
+    assert "set sim.cost_model=profiled:DIR" in " ".join(capsys.readouterr().out.split())

@@ -107,6 +107,15 @@ def test_bad_axes_are_errors_naming_the_axis(axis, message):
         plan_space(small_spec(), SpaceOptions(axes=(axis,)))
 
 
+def test_a_tp_axis_that_fits_nowhere_is_an_error_saying_why():
+    """Seen: ``--axis tp=3`` (28 heads do not split in 3) collapsed the space to the input
+    alone: '1 candidates, 100% covered'."""
+    with pytest.raises(SpecError, match=r"tp 3: none fits .*28 attention heads"):
+        plan_space(small_spec(), SpaceOptions(axes=("tp=3",)))
+    space = plan_space(small_spec(), SpaceOptions(axes=("tp=2,3", "mode=pipeline")))
+    assert {c.structure.tp for c in space.candidates if c != space.input} == {2}
+
+
 def test_bad_options_are_errors():
     with pytest.raises(ValueError, match="--objective"):
         SpaceOptions(objective="latency")

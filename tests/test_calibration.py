@@ -254,3 +254,31 @@ def test_calibrating_again_removes_parity_plots_of_operators_it_no_longer_has(tm
     assert sorted(p.name for p in (tmp_path / "fit").glob("parity-*.png")) == sorted(
         f"parity-{name}.png" for name in fits
     )
+
+
+def _tiny_cpu_profile(tmp_path):
+    """A cost model that records its source as ``tandem calibrate`` does: tiny on a CPU."""
+    from helpers import write_cost_model
+
+    path = write_cost_model(tmp_path / "cm") / "cost_model.json"
+    doc = json.loads(path.read_text())
+    doc["source"] = {"model": {"name": "tiny"}, "hardware": {"kind": "cpu", "num_cores": 2}}
+    path.write_text(json.dumps(doc))
+    return path.parent
+
+
+def test_a_profile_of_another_model_or_hardware_is_refused(tmp_path):
+    from experiments.specs import config_path
+    from policies.spec import load_spec
+    from sim.costs import build_cost_model
+
+    cost = _tiny_cpu_profile(tmp_path)
+    qwen = load_spec(config_path("streamrl-7b"), [f"sim.cost_model=profiled:{cost}"])
+    with pytest.raises(ValueError, match=r"sim.cost_model: .*model 'tiny'.*'Qwen2.5-7B'"):
+        build_cost_model(qwen)
+    on_h800 = load_spec(config_path("streamrl-7b"), [f"sim.cost_model=profiled:{cost}",
+                                                     "model.name=tiny"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"sim.cost_model: .*hardware 'cpu'.*'H800'"):
+        build_cost_model(on_h800)
+    live_tiny = load_spec(config_path("live-tiny"), [f"sim.cost_model=profiled:{cost}"])
+    assert isinstance(build_cost_model(live_tiny), CalibratedCostModel)  # its own machine

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,39 @@ def test_a_directory_given_for_a_file_or_a_file_of_another_kind_is_one_line(tmp_
     assert main(["ranker", "eval", str(out / "metrics.json"), str(out / "samples.parquet")]) == 2
     said = " ".join(capsys.readouterr().out.split())
     assert "metrics.json is not a tandem ranker file" in said and "Traceback" not in said
+
+
+def test_an_out_file_that_is_the_input_or_a_run_result_is_refused(tmp_path, capsys):
+    """Seen: ``tandem trace RUN --out RUN/metrics.json`` replaced the run's metrics (rc 0);
+    ``tandem ranker fit tr.csv --out tr.csv`` replaced the trace with the pickle."""
+    from experiments.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("spec.yaml", "metrics.json"):
+        (run / name).write_text("the run's")
+    trace = tmp_path / "tr.csv"
+    trace.write_text("prompt,output_tokens\na,3\nb,4\n")
+    relative = tmp_path / "sub" / ".." / "tr.csv"
+    (tmp_path / "sub").mkdir()
+    cases = [
+        (["trace", str(run), "--out", str(run / "metrics.json")], "a result of run"),
+        (["ranker", "fit", str(trace), "--out", str(relative)], "is the command's input"),
+        (["ranker", "eval", str(trace), str(trace), "--json", str(trace)], "command's input"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2
+        assert says in " ".join(capsys.readouterr().out.split())
+    assert (run / "metrics.json").read_text() == "the run's"
+    assert trace.read_text().startswith("prompt,output_tokens")
+
+
+def test_a_file_that_cannot_be_written_is_named_not_its_temporary():
+    """Seen: ``--out /proc/x.model`` said ``/proc/.x.model.b9kkcsgo: No such file``."""
+    from policies.results import write_atomic
+
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc, where no file can be made")
+    with pytest.raises(FileNotFoundError) as raised:
+        write_atomic(Path("/proc/x.model"), b"x")
+    assert raised.value.filename == "/proc/x.model", raised.value

@@ -64,3 +64,25 @@ def test_the_commit_is_unknown_outside_a_checkout_of_its_own(tmp_path: Path) -> 
     (tmp_path / "pkg").mkdir()
     assert git_commit(tmp_path / "pkg") == "unknown"  # not a checkout
     assert git_commit(REPO / "experiments") == "unknown"  # inside one, not at its top
+
+
+def test_the_default_folder_of_a_quick_report_is_documented_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seen: ``--help`` and docs/reproduce.md said runs/reproduce-STUDY for --quick too."""
+    import experiments.reproduce
+    from experiments.cli import main
+
+    written = []
+    monkeypatch.setattr(
+        experiments.reproduce, "reproduce", lambda study, out, *a: written.append(out) or out
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "streamrl", "--quick"]) == 0
+    assert written == [Path("runs/reproduce-streamrl-quick")]
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    docs = " ".join((REPO / "docs" / "reproduce.md").read_text().split())
+    for text in (helped, docs):
+        assert "runs/reproduce-STUDY-quick" in text
