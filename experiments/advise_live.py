@@ -26,7 +26,7 @@ from rich.console import Console
 
 from experiments.advise import Advice
 from experiments.advise_space import Candidate, candidate_spec
-from experiments.fidelity import NO_CHECKPOINTS
+from experiments.fidelity_plan import NO_CHECKPOINTS
 from policies.results import write_atomic
 from policies.spec import RunSpec
 
