@@ -33,7 +33,9 @@ class LiveSection(Section):
     max_model_len: int = count(
         512, ge=16, le=MAX_TOKENS, description="longest prompt + output, tokens"
     )
-    temperature: float = Field(1.0, ge=0, description="sampling temperature")
+    temperature: float = Field(
+        1.0, ge=0, le=2, description="sampling temperature; vLLM samples within [0, 2]"
+    )
     checkpoint_every: int = count(
         1,
         ge=1,

@@ -37,21 +37,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from runtime.prompt_cache import salt_version
 
 HEARTBEAT_S = 10.0  # an empty line after this long without a finished sample
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (policies.live_section too)
+# vLLM's engine core receives requests over msgspec: an int past int64 failed there with an
+# empty message ("EngineGenerateError:"); a seed is also never negative (-1: unseeded)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class SampleBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prompt: str = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
-    priority: int = 0
-    seed: int | None = None
+    max_tokens: int = Field(ge=1)  # prompt + max_tokens must fit the model's context
+    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
+    seed: int | None = Field(None, ge=0, le=INT64_MAX)
     ignore_eos: bool = False  # run all max_tokens (benchmarks and the profiler's decode bursts)
 
 
 class BatchBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     samples: list[SampleBody] = Field(min_length=1)
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE)
     heartbeat_s: float = Field(HEARTBEAT_S, ge=0.01, le=3600)  # see the module's docstring
 
 
@@ -92,7 +96,7 @@ class BatchGenerator:
         self.tokenizer = engine.get_tokenizer()
 
     async def stream(self, body: BatchBody) -> AsyncIterator[bytes]:
-        inputs = await self._render(body)
+        inputs = self._fit_context(body, await self._render(body))
         lines: asyncio.Queue[bytes] = asyncio.Queue()
         batch_id = secrets.token_hex(6)
         tasks = []
@@ -128,18 +132,26 @@ class BatchGenerator:
                 out.append(err)
         return out
 
-    async def _one(self, request_id, index, sample, engine_input, body, lines) -> None:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+    def _fit_context(self, body: BatchBody, inputs: list) -> list:
+        """``inputs`` with an ``Exception`` in place of each sample whose prompt and
+        ``max_tokens`` do not fit the model's context: vLLM cut such a sample short
+        silently (``finish_reason`` "length"), as a too-long prompt it refuses."""
+        max_model_len = getattr(getattr(self.engine, "model_config", None), "max_model_len", None)
+        if not isinstance(max_model_len, int):
+            return inputs
+        out = list(inputs)
+        for i, (s, x) in enumerate(zip(body.samples, inputs)):
+            num_prompt = len(x.get("prompt_token_ids", ())) if isinstance(x, dict) else 0
+            if not isinstance(x, Exception) and num_prompt + s.max_tokens > max_model_len:
+                out[i] = ValueError(
+                    f"samples[{i}].max_tokens: {s.max_tokens} after a prompt of {num_prompt} "
+                    f"tokens exceeds the model's context of {max_model_len} tokens"
+                )
+        return out
 
-        # FINAL_ONLY: the engine hands over each sample once, when it finishes, instead of
-        # a cumulative output every decode step; detokenize=False: the text is decoded once
-        # at the end (_line) rather than incrementally at every step
-        params = SamplingParams(
-            max_tokens=sample.max_tokens, temperature=body.temperature, seed=sample.seed,
-            ignore_eos=sample.ignore_eos, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
-        )  # fmt: skip
-        try:
+    async def _one(self, request_id, index, sample, engine_input, body, lines) -> None:
+        try:  # a sample whose params vLLM refuses gets an error line too: one line each
+            params = _sampling_params(sample, body)
             final = None
             async for out in self.engine.generate(
                 engine_input, params, request_id, priority=sample.priority
@@ -168,6 +180,20 @@ class BatchGenerator:
             "version_end": self.control.version,
             "version_prompt": self.control.prompt_version(version_start, out),
         }
+
+
+def _sampling_params(sample: SampleBody, body: BatchBody):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    # FINAL_ONLY: the engine hands over each sample once, when it finishes, instead of a
+    # cumulative output every decode step; detokenize=False: the text is decoded once at
+    # the end (BatchGenerator._line) rather than incrementally at every step
+    return SamplingParams(
+        max_tokens=sample.max_tokens, temperature=body.temperature, seed=sample.seed,
+        ignore_eos=sample.ignore_eos, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY,
+        detokenize=False,
+    )  # fmt: skip
 
 
 def _error_line(index: int, err: Exception) -> bytes:

@@ -7,8 +7,8 @@ engine core runs such a call between steps; only an engine that overlaps steps (
 scheduling, a batch queue) is paused first with ``mode="keep", clear_cache=False`` and
 resumed after (:func:`steps_overlap`): the pause and resume were two more round trips
 to the engine per push, each leaving it idle (docs/live-throughput.md). Any failure resumes on the previous weights. New requests
-are admitted between updates only and salted with the served version, so prompt KV is
-shared within one weight version (:mod:`runtime.prompt_cache`).
+are admitted between updates only and salted with the served weights (version and load
+count), so prompt KV is shared within one load of weights (:mod:`runtime.prompt_cache`).
 
 An update is verified before it is loaded: names, shapes and the served dtype against the
 checkpoint (:func:`check_metas`), the sender's bucket digests against the metadata
@@ -27,11 +27,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from runtime.engine_watch import STALL_S, EngineWatch
-from runtime.prompt_cache import VersionHistory, install_salting, prompt_version
+from runtime.prompt_cache import ServedWeights, VersionHistory, install_salting, prompt_version
 from runtime.weight_sync import DTYPES, BucketDigest, ParamMeta, plan_buckets
 
 COLLECTIVE_SHARE = 0.75  # the worker's receive deadline, as a share of the route's timeout
 STATUS_OF_FAILURE = {"mismatch": 422, "timeout": 504, "no-group": 409}
+
+
+class JoinFailed(RuntimeError):
+    """The worker could not join the weight group (nothing listened, the trainer never
+    came); the server stays usable, a later join may work."""
 
 
 class UpdateRejected(ValueError):
@@ -142,6 +147,21 @@ def check_digests(metas: list[ParamMeta], digests: list[BucketDigest]) -> None:
         )
 
 
+def join_limit_s(timeout_s: float) -> float:
+    """The longest a worker's join may take: gloo's store client tries to connect twice,
+    each for up to ``timeout_s``, with a back-off below ``timeout_s`` between (a port where
+    nothing listens, timeout 3 s: 5.5 s idle, over 8 s on a busy machine), then the
+    group's rendezvous may take ``timeout_s`` more."""
+    return 3 * timeout_s + 5.0
+
+
+def _rpc_timed_out(err: Exception, method: str) -> bool:
+    """Whether ``collective_rpc`` failed for its own timeout: a ``TimeoutError`` here, or
+    the one vLLM's multiprocess executor raises in the engine core, which reaches this
+    process as a plain ``Exception`` with its text ("RPC call to <method> timed out.")."""
+    return isinstance(err, TimeoutError) or f"RPC call to {method} timed out" in str(err)
+
+
 def steps_overlap(engine) -> bool:
     """Whether ``engine`` (vLLM's AsyncLLM) may have a model step in flight while its
     engine core handles a utility call; unknown counts as yes."""
@@ -180,10 +200,11 @@ class ServerControl:
         """Salt every request the engine admits with the served version (any route)."""
         install_salting(self.engine, self.admit)
 
-    async def admit(self) -> int:
-        """The version to salt a new request with, once no update is being loaded."""
+    async def admit(self) -> ServedWeights:
+        """The weights to salt a new request with, once no update is being loaded: the
+        count of loads, not the version alone, tells two loads of one version apart."""
         await self._not_updating.wait()
-        return self.version
+        return ServedWeights(self.version, self.num_updates)
 
     def prompt_version(self, salted: int, out) -> int:
         """The (oldest) version a finished request's prompt KV was computed with, from
@@ -206,15 +227,21 @@ class ServerControl:
                 "server joins a run's group once", 409,
             )  # fmt: skip
         args = (host, port, rank, world_size, backend, timeout_s, self.bind_host)
+        limit_s = join_limit_s(timeout_s)
         self._joining = rank
         try:
             async with self._lock:  # never while an update is receiving
-                self._busy_until = time.monotonic() + timeout_s + BUSY_GRACE_S
-                await self._rpc("tandem_join", timeout_s + 5, args)
+                self._busy_until = time.monotonic() + limit_s + BUSY_GRACE_S
+                per_worker = await self._rpc("tandem_join", limit_s, args)
         finally:
             self._joining = None
             self._busy_until = 0.0
             self.watch.touch()  # the engine stepped nothing while it joined
+        # the worker returns why it could not join (a timeout of gloo's own, say): this
+        # server is still usable, unlike one whose worker never returned (_rpc)
+        failures = [a["failure"] for a in per_worker if isinstance(a, dict) and a.get("failure")]
+        if failures:
+            raise JoinFailed(failures[0])
 
     def condition(self) -> tuple[str, float | None]:
         """``/health``'s status: ``ok``; ``stuck`` (a worker call timed out), ``dead`` (the
@@ -286,15 +313,25 @@ class ServerControl:
 
     async def _rpc(self, method: str, timeout_s: float, args: tuple) -> list:
         """``collective_rpc`` that never leaves a late answer behind: the worker's own
-        deadlines are shorter, so a timeout here means the worker is stuck for good."""
+        deadlines are shorter, so a timeout here means the worker is stuck for good.
+
+        Only the call's own timeout counts: the worker's errors (gloo's "The client socket
+        has timed out", say) are raised as they are, the server still usable. The wait is
+        bounded here too (the in-process executor has no RPC timeout of its own)."""
         if self.stuck:
             raise UpdateRejected("worker", self.stuck, 503)
+        start = time.monotonic()
         try:
-            return await self.engine.collective_rpc(method, timeout=timeout_s, args=args)
-        except Exception as err:  # the engine core reports its RPC timeout as an error string
-            if not isinstance(err, TimeoutError) and "timed out" not in str(err):
+            async with asyncio.timeout(timeout_s):
+                return await self.engine.collective_rpc(method, timeout=timeout_s, args=args)
+        except Exception as err:
+            if not _rpc_timed_out(err, method):
                 raise
-            self.stuck = f"the model worker did not return from {method} within {timeout_s} s"
+            waited_s = time.monotonic() - start
+            self.stuck = (
+                f"the model worker did not return from {method} within {waited_s:.1f} s "
+                f"(the call's limit: {timeout_s:g} s)"
+            )
             raise UpdateRejected("worker", self.stuck, 503) from None
 
     async def _pause(self) -> None:

@@ -14,6 +14,11 @@ class ProcessDied(LiveRunError):
     """A process of the run (trainer, generation server) exited while it was needed."""
 
 
+class TrainerFailed(LiveRunError):
+    """A trainer call raised (a checkpoint that could not be written, say): the message is
+    its error's first line; the traceback goes to the run's log."""
+
+
 class NonFiniteGradient(LiveRunError):
     """An optimizer step's gradient was NaN or infinite: the step was not applied."""
 

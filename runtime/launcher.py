@@ -38,7 +38,7 @@ from runtime.attach import (
     release_attached,
 )
 from runtime.core_loan import CoreLoan
-from runtime.errors import LiveRunError, ProcessDied
+from runtime.errors import LiveRunError, ProcessDied, TrainerFailed
 from runtime.lease import owner_of
 from runtime.live_run import (
     AfterStep,
@@ -143,7 +143,7 @@ def _run_processes(
         )
         run = drive(spec, run_dir, trainer, servers, length_predictor, after_step, on_step)
         return asyncio.run(run)
-    except ProcessDied as err:  # a server or the trainer: the run goes on from its checkpoint
+    except (ProcessDied, TrainerFailed) as err:  # the run goes on from its checkpoint
         raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
     finally:
         trainer.stop()

@@ -7,8 +7,11 @@ KV of the sequences it pauses — PipelineRL's in-flight semantics — but a *ne
 after the update must not be conditioned on prompt KV computed with the old weights.
 
 The choice: every request that reaches the engine, on any route (the actor's batch
-route and vLLM's OpenAI routes alike), is salted with the weight version served when
-it is admitted (``tandem-v<version>``, prepended to a salt of the caller's own). GRPO
+route and vLLM's OpenAI routes alike), is salted with the weights served when it is
+admitted (``tandem-v<version>.l<load>``, prepended to a salt of the caller's own): their
+version number and the count of loads this server has made. The version alone was not
+enough: a run attached to a long-lived server counts from 0 again, and so does a resumed
+one, so update v10, v11, then v10 again reused prompt KV of the first v10's weights. GRPO
 siblings of one version still share their prompt's blocks; nothing crosses an update.
 Admission waits while an update is being loaded, so a request that arrives during the
 pause is salted with the new version. The cost: after every update each prompt's first
@@ -32,9 +35,17 @@ from dataclasses import dataclass, field
 SALT_PREFIX = "tandem-v"
 
 
-def version_salt(version: int, caller_salt: str | None = None) -> str:
-    """The cache salt of a request admitted at ``version`` (the caller's salt kept after it)."""
-    salt = f"{SALT_PREFIX}{version}"
+@dataclass(slots=True, frozen=True)
+class ServedWeights:
+    """The weights a request is admitted under."""
+
+    version: int  # the number the trainer gave them; may repeat on one server
+    load: int = 0  # loads of weights this server had made (0: its checkpoint); never repeats
+
+
+def version_salt(served: ServedWeights, caller_salt: str | None = None) -> str:
+    """The cache salt of a request admitted under ``served`` (the caller's salt kept after it)."""
+    salt = f"{SALT_PREFIX}{served.version}.l{served.load}"
     return f"{salt}|{caller_salt}" if caller_salt else salt
 
 
@@ -42,20 +53,20 @@ def salt_version(salt: str | None) -> int | None:
     """The weight version a :func:`version_salt` names (None for any other salt)."""
     if not salt or not salt.startswith(SALT_PREFIX):
         return None
-    head = salt[len(SALT_PREFIX) :].split("|", 1)[0]
+    head = salt[len(SALT_PREFIX) :].split("|", 1)[0].split(".", 1)[0]
     return int(head) if head.isdigit() else None
 
 
-def salt_prompt(prompt: object, version: int) -> object:
-    """Set the version salt on an engine input (dict) or an ``EngineCoreRequest``, in
+def salt_prompt(prompt: object, served: ServedWeights) -> object:
+    """Set the weights' salt on an engine input (dict) or an ``EngineCoreRequest``, in
     place; a raw prompt string becomes a text prompt dict. Returns the prompt to pass on."""
     if isinstance(prompt, str):
-        return {"prompt": prompt, "cache_salt": version_salt(version)}
+        return {"prompt": prompt, "cache_salt": version_salt(served)}
     if isinstance(prompt, dict):
-        prompt["cache_salt"] = version_salt(version, prompt.get("cache_salt"))
+        prompt["cache_salt"] = version_salt(served, prompt.get("cache_salt"))
         return prompt
     if hasattr(prompt, "cache_salt"):  # EngineCoreRequest
-        prompt.cache_salt = version_salt(version, prompt.cache_salt)
+        prompt.cache_salt = version_salt(served, prompt.cache_salt)
         return prompt
     raise TypeError(f"cannot salt a prompt of type {type(prompt).__name__}")
 
@@ -91,11 +102,11 @@ def prompt_version(salted: int, scheduled: int | None, num_cached_tokens: int | 
 
 def install_salting(engine: object, admit: Callable) -> None:
     """Route every request the engine admits through ``admit`` (an async callable that
-    returns the version to salt with, waiting while an update is loaded)."""
+    returns the :class:`ServedWeights` to salt with, waiting while an update is loaded)."""
     original = engine.add_request
 
     async def add_request(request_id, prompt, *args, **kwargs):
-        version = await admit()
-        return await original(request_id, salt_prompt(prompt, version), *args, **kwargs)
+        served = await admit()
+        return await original(request_id, salt_prompt(prompt, served), *args, **kwargs)
 
     engine.add_request = add_request

@@ -62,13 +62,18 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# the longest a join or an update may be given: past it a deadline overflowed (1e300:
+# "Python int too large") or came out in the past (1e12: an immediate timeout)
+MAX_TIMEOUT_S = 86_400.0
+
+
 class InitGroupBody(_Body):
     master_addr: str
     master_port: int = Field(ge=1, le=65535)
     rank: int = Field(ge=1, description="this server's rank; the trainer is rank 0")
     world_size: int = Field(ge=2)
     backend: str = Field("gloo", pattern="^(gloo|nccl)$")
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
     owner: str | None = Field(None, max_length=64, description="the run's id (runtime.lease)")
 
 
@@ -97,7 +102,10 @@ class WeightUpdateBody(_Body):
         "checked after params so that a bad param is named first",
     )  # fmt: skip
     timeout_s: float = Field(
-        120.0, gt=0, description="the route answers within this; the receive gets 3/4 of it"
+        120.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="the route answers within this; the receive gets 3/4 of it",
     )
 
 

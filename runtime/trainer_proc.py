@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -43,10 +44,10 @@ import httpx
 from policies.records import StepStats
 from runtime.checkpoints import CheckpointWriter, keep_step, readable
 from runtime.core_loan import CoreLoan
-from runtime.errors import LiveRunError, ProcessDied, describe_exit
+from runtime.errors import LiveRunError, ProcessDied, TrainerFailed, describe_exit
 from runtime.fan_out import ServerAddr, answers, fan_out, join_unless_refused
 from runtime.http_pool import POOL_LIMITS
-from runtime.procs import die_with_parent
+from runtime.lifetime import die_with_parent, start_deaf_to_ctrl_c
 from runtime.recorder import DataPosition
 from runtime.trainer import Trainer, TrainerConfig, TrainItem, write_state
 
@@ -309,7 +310,7 @@ class TrainerProcess:
             args=(child, answers_child, self.config, self.cores, self.nice, os.getpid(), self.loan),
             daemon=True,
         )
-        self._proc.start()
+        start_deaf_to_ctrl_c(self._proc)  # Ctrl-C stops the run, which stops it (no traceback)
         self._conn, self._answers_conn = parent, answers_parent
 
     # -- the trainer's methods, each run in the child, one at a time -----------------------
@@ -382,8 +383,9 @@ class TrainerProcess:
             ) from None
         if ok is None:
             raise LiveRunError(value)
-        if not ok:
-            raise RuntimeError(f"trainer {name} failed: {value}")
+        if not ok:  # one line; the child's traceback goes to the run's log
+            logging.getLogger(__name__).info("trainer %s failed:\n%s", name, value)
+            raise TrainerFailed(f"trainer {name} failed: {value.splitlines()[0]}")
         return value
 
     def stop(self) -> None:

@@ -14,8 +14,11 @@ import asyncio
 import time
 from collections.abc import Mapping
 
+import httpx
+
 from policies.records import Request
 from policies.spec import RunSpec
+from runtime.errors import LiveRunError
 from runtime.gen_client import GenerationClient
 from runtime.tasks import task_set
 
@@ -41,8 +44,16 @@ async def warm_up_servers(clients: Mapping[int, GenerationClient], spec: RunSpec
 
     async def one(client: GenerationClient) -> None:
         clock = time.perf_counter
-        async for _ in client.stream(requests, 0.0, clock, priorities, seeds, ignore_eos=True):
-            pass
+        try:
+            stream = client.stream(requests, 0.0, clock, priorities, seeds, ignore_eos=True)
+            async for _ in stream:
+                pass
+        except httpx.HTTPError as err:  # one line naming the server, not httpx's traceback
+            said = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            raise LiveRunError(
+                f"server {client.instance_id} ({client.base_url}) did not answer the warm-up "
+                f"batch: {said}"
+            ) from None
 
     start = time.perf_counter()
     await asyncio.gather(*(one(c) for c in clients.values()))

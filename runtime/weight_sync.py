@@ -324,13 +324,18 @@ class WeightReceiver:
     def tandem_join(
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
         bind_host: str | None = None,
-    ) -> bool:  # fmt: skip
+    ) -> dict:  # fmt: skip
+        """Join (or re-create) the weight group: ``{}``, else ``{"failure": why}``, not raised."""
         self.tandem_group = None  # the previous group (if any) closes first
-        self.tandem_group = make_group(host, port, rank, world_size, backend, timeout_s, bind_host)
+        try:
+            group = make_group(host, port, rank, world_size, backend, timeout_s, bind_host)
+            self.tandem_group = group
+        except Exception as err:  # noqa: BLE001 - the answer says why
+            return {"failure": " ".join(f"{type(err).__name__}: {err}".split())}
         if not hasattr(self, "tandem_buffers"):
             self.tandem_buffers = (FlatBuffers(), FlatBuffers())  # receive into the one not loaded
             self.tandem_next = 0
-        return True
+        return {}
 
     def _tandem_device(self) -> torch.device:
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

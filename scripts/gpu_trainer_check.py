@@ -128,7 +128,8 @@ def _receiver(port: int, backend: str, wire: list, digests: list, out: str) -> N
     ws.load_into = load
     receiver = ws.WeightReceiver()
     receiver.model_runner = None
-    receiver.tandem_join(HOST, port, 1, 2, backend, 60.0)
+    joined = receiver.tandem_join(HOST, port, 1, 2, backend, 60.0)
+    assert not joined, joined["failure"]
     result = receiver.tandem_receive(wire, digests, 60.0)
     torch.save({"result": result, "loaded": loaded}, out)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -56,6 +57,7 @@ def test_an_engine_busy_in_a_join_is_not_stalled_until_past_the_joins_own_time(m
     import runtime.control
 
     monkeypatch.setattr(runtime.control, "BUSY_GRACE_S", 0.0)
+    monkeypatch.setattr(runtime.control, "join_limit_s", lambda timeout_s: timeout_s)
 
     async def scenario() -> None:
         engine = _Engine()
@@ -100,3 +102,98 @@ def test_a_lost_server_is_described_by_what_its_health_says():
         "answers /health 503 stalled: its engine has held requests 101 s without a step "
         "(ReadTimeout: )"
     )
+
+
+@pytest.mark.parametrize("timeout_s", [1e12, 1e300, float("inf")])
+def test_a_join_or_update_timeout_past_a_day_is_refused_naming_it(timeout_s):
+    """Before: 1e12 timed out at once (a deadline in the past), 1e300 failed with "Python
+    int too large to convert"."""
+    from pydantic import ValidationError
+
+    from runtime.server import InitGroupBody, WeightUpdateBody
+
+    join = {"master_addr": "127.0.0.1", "master_port": 1, "rank": 1, "world_size": 2}
+    update = {"version": 1, "params": [{"name": "w", "shape": [1], "dtype": "float32"}]}
+    for body, fields in ((InitGroupBody, join), (WeightUpdateBody, update)):
+        with pytest.raises(ValidationError, match="timeout_s"):
+            body(**fields, timeout_s=timeout_s)
+        assert body(**fields, timeout_s=86_400).timeout_s == 86_400
+
+
+GLOO_REFUSED = (
+    "RuntimeError: The client socket has timed out after 3000ms while trying to connect to "
+    "(127.0.0.1, 18399)."
+)
+
+
+class _Answers:
+    """An engine whose worker answers each call at once with the next of ``answers``
+    (an exception is raised, as vLLM's engine core reports a worker's error)."""
+
+    def __init__(self, *answers) -> None:
+        self.answers = list(answers)
+
+    def get_tokenizer(self) -> None:
+        return None
+
+    async def collective_rpc(self, method: str, timeout: float, args: tuple) -> list:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_a_join_that_fails_in_the_worker_is_a_504_and_the_server_stays_usable():
+    """Before: gloo's own connect timeout ("... has timed out ...") marked the server stuck
+    (503 on /health, every later join refused) and said the worker "did not return from
+    tandem_join within 8.0 s", though it had returned within 3."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from runtime.lease import RunLease
+    from runtime.server import control_router
+
+    engine = _Answers(
+        [{"failure": GLOO_REFUSED}],  # a worker that returns why (runtime.weight_sync)
+        Exception(f"Call to collective_rpc method failed: {GLOO_REFUSED}"),  # one that raises
+        [{}],
+    )
+    app = FastAPI()
+    app.include_router(control_router(ServerControl(engine, {}), RunLease()))
+    join = {"master_addr": "127.0.0.1", "master_port": 18399, "rank": 1, "world_size": 2,
+            "timeout_s": 3}  # fmt: skip
+    with TestClient(app) as client:
+        for _ in range(2):
+            failed = client.post("/init_process_group", json=join)
+            assert failed.status_code == 504, failed.text
+            assert failed.json()["detail"].startswith("joining the weight group failed: ")
+            assert "client socket has timed out" in failed.json()["detail"]
+            assert client.get("/health").json()["status"] == "ok"
+        assert client.post("/init_process_group", json=join).json() == {"joined": True, "rank": 1}
+
+
+def test_only_a_call_that_does_not_return_in_time_marks_the_worker_stuck_saying_how_long():
+    class _Hangs:
+        async def collective_rpc(self, method: str, timeout: float, args: tuple) -> list:
+            await asyncio.sleep(3600)  # the in-process executor has no timeout of its own
+            return []
+
+    async def scenario() -> str:
+        control = ServerControl(_Hangs(), {})
+        with pytest.raises(UpdateRejected) as err:
+            await control._rpc("tandem_join", 0.2, ())
+        assert err.value.status == 503 and control.condition() == ("stuck", None)
+        return control.stuck
+
+    said = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert re.fullmatch(
+        r"the model worker did not return from tandem_join within 0\.[23] s \(the call's "
+        r"limit: 0\.2 s\)",
+        said,
+    ), said
+
+    vllm_timeout = Exception("Call to collective_rpc method failed: RPC call to x timed out.")
+    control = ServerControl(_Answers(vllm_timeout), {})  # vLLM's multiprocess executor's
+    with pytest.raises(UpdateRejected):
+        asyncio.run(control._rpc("x", 5.0, ()))
+    assert control.condition()[0] == "stuck"

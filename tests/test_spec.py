@@ -323,3 +323,11 @@ def test_an_unset_section_is_set_key_by_key():
     assert spec.model.shape is not None and spec.model.shape.num_layers == 28
     with pytest.raises(SpecError, match="run.iterations.x: cannot set a key inside a value"):
         load_spec(None, ["run.iterations.x=3"])
+
+
+@pytest.mark.parametrize("temperature", ["2.5", "inf", "1e300"])
+def test_a_live_temperature_vllm_cannot_sample_with_is_a_spec_error(temperature):
+    """Before: the run started and every generation request hung (vLLM samples in [0, 2])."""
+    with pytest.raises(SpecError, match=r"live\.temperature") as info:
+        load_spec(config_path("live-tiny"), [f"live.temperature={temperature}"])
+    assert "2" in str(info.value)

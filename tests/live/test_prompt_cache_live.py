@@ -120,3 +120,17 @@ def test_a_sequence_in_flight_keeps_its_kv_across_the_update(server, worker):
     assert (line["version_start"], line["version_end"]) == (start_version, start_version + 1)
     assert line["version_prompt"] == start_version  # its prompt KV is the old version's
     assert _metric(server, "vllm:num_preemptions_total") == preempted  # no recompute
+
+
+def test_a_version_number_loaded_again_does_not_reuse_prompt_kv_of_its_first_load(server, worker):
+    """Before: update v (W1), request, v+1 (W2), v again (W2): the last request reused
+    prompt blocks computed under W1 (the salt was the version number alone)."""
+    prompt = _prompts()[1]
+    version = _perturb_and_push(worker, server, seed=3)  # W1
+    first = _greedy(server, prompt)  # caches the prompt's full blocks under W1
+    _perturb_and_push(worker, server, seed=4)  # W2
+    worker.push_weights(version)  # W2 again, under W1's number
+    again = _greedy(server, prompt)
+    unshared = _greedy(server, prompt, salt="probe-again")
+    assert first != unshared, "W2 did not change the outputs: the test has no power"
+    assert again == unshared

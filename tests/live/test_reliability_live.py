@@ -178,3 +178,66 @@ def test_256_concurrent_completions_with_an_update_in_the_middle(server, sender)
     ends = [int(r.headers["x-tandem-version-end"]) for r in responses]
     assert set(ends) <= {version, version + 1} and version + 1 in ends
     assert _health(server)["version"] == version + 1
+
+
+def test_a_join_that_fails_is_a_504_and_the_server_stays_usable(server, token, sender):
+    """Before: gloo's own connect timeout marked the server stuck until restart (503 on
+    /health, every later join refused), saying the worker did not return within 8.0 s."""
+    body = {"master_addr": "127.0.0.1", "master_port": free_port(), "rank": 1,
+            "world_size": 2, "timeout_s": 3}  # fmt: skip
+    resp = httpx.post(server + "/init_process_group", json=body,
+                      headers={"Authorization": f"Bearer {token}"}, timeout=60)  # fmt: skip
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"]["message"].startswith("joining the weight group failed: ")
+    assert "did not return" not in resp.text
+    assert _health(server)["status"] == "ok"
+    sender.join()  # a later join works, and so does an update through it
+    before = _health(server)
+    assert sender.update(before["version"] + 1, sent=sender.named).status_code == 200
+    assert _health(server)["version"] == before["version"] + 1
+
+
+def _batch(temperature: float = 1.0, **sample) -> dict:
+    return {
+        "temperature": temperature,
+        "samples": [{"prompt": "R3:ab=", "max_tokens": 4, **sample}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "body"),
+    [
+        ("temperature", _batch(temperature=3.0)),
+        ("temperature", _batch(temperature=1e300)),
+        ("seed", _batch(seed=2**64)),
+        ("priority", _batch(priority=2**80)),
+    ],
+)
+def test_sampling_values_vllm_cannot_take_get_400_naming_the_field(server, field, body):
+    """Before: temperature 3 was never answered (heartbeats for ever); seed 2**64 answered
+    {"error": "EngineGenerateError:"}."""
+    resp = httpx.post(server + "/v1/tandem/generate", json=body, timeout=30)
+    assert resp.status_code == 400 and field in resp.text, resp.text
+
+
+def test_max_tokens_past_the_context_gets_an_error_line_naming_it(server):
+    """Before: max_tokens 10000 gave 497 tokens, finish "length", silently."""
+    samples = [{"prompt": "R3:ab=", "max_tokens": 10_000}, {"prompt": "R3:ab=", "max_tokens": 4}]
+    with httpx.stream("POST", server + "/v1/tandem/generate", json={"samples": samples},
+                      timeout=120) as resp:  # fmt: skip
+        lines = {d["index"]: d for d in map(json.loads, filter(None, resp.iter_lines()))}
+    assert "samples[0].max_tokens: 10000 after a prompt of" in lines[0]["error"]
+    assert lines[1]["token_ids"]
+
+
+JOIN = {"master_addr": "127.0.0.1", "master_port": 1, "rank": 1, "world_size": 2}
+UPDATE = {"version": 1, "params": [{"name": "lm_head.weight", "shape": [3], "dtype": "float32"}]}
+
+
+@pytest.mark.parametrize(("route", "body"), [("/init_process_group", JOIN),
+                                             ("/request_weight_update", UPDATE)])  # fmt: skip
+def test_a_timeout_past_a_day_gets_400_naming_it(server, token, route, body):
+    """Before: 1e12 timed out at once, 1e300 failed with "Python int too large"."""
+    resp = httpx.post(server + route, json={**body, "timeout_s": 1e300},
+                      headers={"Authorization": f"Bearer {token}"}, timeout=30)  # fmt: skip
+    assert resp.status_code == 400 and "timeout_s" in resp.text, resp.text
