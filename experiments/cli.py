@@ -112,7 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             write_atomic(out / "spec.yaml", spec.to_yaml().encode())
         on_step = chain(tracker, bar.on_step)
         result = _execute(spec, out, args.live, on_step, args.force_new_spec, args.ray)
-        tracker.finish(result.metrics)
+        if tracker.reports:  # not a finished live run's saved results: tracked once already
+            tracker.finish(result.metrics)
         if not args.live:  # run_live saved its result (a resumed run keeps its spec.yaml)
             result.save(out)
         timeline(result, out / "timeline.png")

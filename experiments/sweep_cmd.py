@@ -14,7 +14,7 @@ from rich.console import Console
 
 from experiments.arg_types import positive_float, positive_int
 from experiments.guards import check_out_dir
-from policies.spec import RunSpec
+from policies.spec import RunSpec, SpecError
 from runtime.ray_session import LOCAL_RAY
 
 
@@ -64,6 +64,16 @@ def add_sweep_parser(
     sweep.set_defaults(func=handler)
 
 
+def check_untracked(spec: RunSpec, grid_keys: list[str]) -> None:
+    """A sweep tracks no point (its record is ``results.csv``); a ``run.tracking`` it was
+    given is refused rather than silently ignored."""
+    if spec.run.tracking != "none" or "run.tracking" in grid_keys:
+        raise SpecError(
+            "run.tracking: a sweep does not track its points (results.csv holds every "
+            "point's metrics); leave run.tracking at none, or track a point with tandem run"
+        )
+
+
 def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console) -> int:
     """Run the sweep; print its outcome. Exit status 0, 1 if a point failed, 2 if every
     point's spec was invalid."""
@@ -72,6 +82,7 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
 
     axes = [parse_grid(g) for g in args.grid]
     grid_points(axes)  # a repeated key or value is refused before --out is made
+    check_untracked(spec, [axis.key for axis in axes])
     out = check_out_dir(args.out)
     frame = run_sweep(
         spec, axes, out, args.workers, point_timeout_s=args.point_timeout, ray_address=args.ray

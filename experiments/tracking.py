@@ -27,14 +27,18 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from policies.spec import RunSpec
-from policies.tracking import MetricLogger, StepReport, StepReporter, StepUpdate
+from policies.tracking import MetricLogger, RunEnd, StepReport, StepReporter, StepUpdate
 
 log = logging.getLogger(__name__)
 
 OPTIONAL = {"wandb": "wandb", "mlflow": "mlflow"}  # backend -> module it imports
+# W&B has no run status to set: ``finish(exit_code=)`` marks a non-zero run failed; 130 is
+# the shell's code for Ctrl-C, as tandem exits
+WANDB_EXIT_CODES = {RunEnd.FINISHED: 0, RunEnd.FAILED: 1, RunEnd.KILLED: 130}
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
@@ -63,8 +67,9 @@ class LogLogger:
     def log_summary(self, metrics: dict[str, Any]) -> None:
         log.info("summary: %s", ", ".join(f"{k}={v:.4g}" for k, v in _numbers(metrics).items()))
 
-    def close(self) -> None:
-        pass
+    def close(self, end: RunEnd = RunEnd.FINISHED) -> None:
+        if end is not RunEnd.FINISHED:
+            log.info("tracking: the run ended %s", end.value)
 
 
 class TensorBoardLogger:
@@ -99,8 +104,8 @@ class TensorBoardLogger:
         values = {f"summary/{k}": v for k, v in _numbers(metrics).items()}
         self._write(self._last_step, values)
 
-    def close(self) -> None:
-        if self._writer is not None:
+    def close(self, end: RunEnd = RunEnd.FINISHED) -> None:
+        if self._writer is not None:  # event files have no run status
             self._writer.close()
             self._writer = None
 
@@ -133,9 +138,9 @@ class WandbLogger:
     def log_summary(self, metrics: dict[str, Any]) -> None:
         self._open().summary.update(_numbers(metrics))
 
-    def close(self) -> None:
-        if self._run is not None:
-            self._run.finish()
+    def close(self, end: RunEnd = RunEnd.FINISHED) -> None:
+        if self._run is not None:  # a non-zero exit code marks the W&B run failed
+            self._run.finish(exit_code=WANDB_EXIT_CODES[end])
             self._run = None
 
 
@@ -199,9 +204,9 @@ class MlflowLogger:
     def log_summary(self, metrics: dict[str, Any]) -> None:
         self._log({f"summary/{k}": v for k, v in _numbers(metrics).items()}, self._last_step)
 
-    def close(self) -> None:
+    def close(self, end: RunEnd = RunEnd.FINISHED) -> None:
         if self._client is not None:
-            self._client.set_terminated(self._run_id)
+            self._client.set_terminated(self._run_id, status=end.value)
             self._client = None
 
 
@@ -226,15 +231,17 @@ class Tracker:
         for logger in self.loggers:
             logger.log_summary(metrics)
 
-    def close(self) -> None:
+    def close(self, end: RunEnd = RunEnd.FINISHED) -> None:
         for logger in self.loggers:
-            logger.close()
+            logger.close(end)
 
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(RunEnd.of(err))  # a stopped or crashed run is not marked finished
 
 
 def backend_logger(name: str, spec: RunSpec, run_dir: Path) -> MetricLogger | None:

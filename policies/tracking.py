@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from policies.records import SampleRecord, Span, SpanKind, StepStats
@@ -95,6 +96,21 @@ class StepReport:
         return {k: float(v) for k, v in values.items() if v is not None}
 
 
+class RunEnd(StrEnum):
+    """How a tracked run ended (MLflow's run statuses; W&B gets an exit code)."""
+
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"  # an error stopped it
+    KILLED = "KILLED"  # Ctrl-C or SIGTERM
+
+    @classmethod
+    def of(cls, err: BaseException | None) -> RunEnd:
+        """The end of a run that raised ``err`` (``None``: it returned)."""
+        if err is None:
+            return cls.FINISHED
+        return cls.KILLED if isinstance(err, KeyboardInterrupt) else cls.FAILED
+
+
 class MetricLogger(Protocol):
     """Where step reports go (TensorBoard, W&B, MLflow, the run's log)."""
 
@@ -102,7 +118,7 @@ class MetricLogger(Protocol):
 
     def log_summary(self, metrics: dict[str, Any]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, end: RunEnd = RunEnd.FINISHED) -> None: ...
 
 
 class StepReporter:

@@ -107,6 +107,10 @@ def run_live(
     :class:`StepUpdate` after every optimizer step, as it happens (progress, tracking).
     ``ray_address``: run on that Ray cluster (``local``: start one on this machine)."""
     _check_supported(spec)
+    if ray_address is not None:  # what --ray cannot run stops here, before Ray starts
+        from runtime.ray_launcher import check_ray_run
+
+        check_ray_run(spec, ray_address)
     run_dir = RunDir(Path(out_dir), ray_address)
     run_dir.prepare(spec, force_new_spec)  # before anything starts
     with run_log(run_dir.path):

@@ -131,8 +131,11 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
 async def drive(
     spec: RunSpec, run_dir: RunDir, trainer: TrainerClient, servers: Servers,
     length_predictor, after_step: AfterStep | None, on_step, own_gpus: bool = False,
+    host_cpu: bool = True,
 ) -> RunResult:  # fmt: skip
-    """``own_gpus``: the launcher gave the trainer and each server GPUs of their own."""
+    """``own_gpus``: the launcher gave the trainer and each server GPUs of their own.
+    ``host_cpu``: the run's processes are this process's children, so its CPU use by role
+    is measured (not on Ray: its actors are the raylet's, on any node)."""
     ckpt = run_dir.checkpoint
     log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
     position = resume_position(ckpt, await trainer.initialise(str(ckpt)))
@@ -169,10 +172,10 @@ async def drive(
             )  # fmt: skip
             actor.faults.servers, actor.after_step = servers, after_step
             startup["startup_s"] = process_age_s()  # the process's start to the clock's
-            cpu_before = _cpu(trainer, servers)
+            cpu_before = _cpu(trainer, servers) if host_cpu else {}
             actor.start_clock(time_offset_s)
-            end_s, cpu_rows = await _run_clocked(spec, actor, trainer, servers, offset)
-            cpu_after = _cpu(trainer, servers)
+            end_s, cpu_rows = await _run_clocked(spec, actor, trainer, servers, offset, host_cpu)
+            cpu_after = _cpu(trainer, servers) if host_cpu else {}
             startup.update(
                 _part_metrics(recorder, offset, time_offset_s, end_s, cpu_before, cpu_after)
             )
@@ -200,11 +203,12 @@ def _save(
 
 
 async def _run_clocked(
-    spec: RunSpec, actor: Actor, trainer: TrainerClient, servers: Servers, offset: int
-) -> tuple[float, list[dict[str, float]]]:
+    spec: RunSpec, actor: Actor, trainer: TrainerClient, servers: Servers, offset: int,
+    host_cpu: bool = True,
+) -> tuple[float, list[dict[str, float]]]:  # fmt: skip
     """Load the trainer's weights on the servers and run, on the clock the actor started;
-    the run's end time and its CPU timeline."""
-    timeline = _cpu_timeline(spec, trainer, servers, actor.now)
+    the run's end time and its CPU timeline (none without ``host_cpu``)."""
+    timeline = _cpu_timeline(spec, trainer, servers, actor.now) if host_cpu else None
     try:
         log.info("loading the trainer's weights on the servers")
         await actor.push_now(offset)  # the servers serve the trainer's weights
@@ -222,7 +226,7 @@ def _part_metrics(
     """This part of the run's time to its first step and its CPU per sample, by role."""
     mine = [st for st in recorder.steps if st["step"] >= offset]
     trained = sum(st["num_samples"] for st in mine)
-    out = cpu_use_metrics(cpu_before, cpu_after, trained, end_s - start_s)
+    out = cpu_use_metrics(cpu_before, cpu_after, trained, end_s - start_s) if cpu_after else {}
     if mine:
         out["time_to_first_step_s"] = (mine[0].get("done_s") or mine[0]["end_s"]) - start_s
     return out

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from policies.records import StepStats
-from runtime.errors import ProcessDied, describe_exit
+from runtime.errors import LiveRunError, ProcessDied, describe_exit
 from runtime.ray_actors import ANSWERS_GROUP, Placed, ServerInfo
 from runtime.recorder import DataPosition
 from runtime.supervisor import Servers, ServerSlot
@@ -31,9 +31,31 @@ STOP_TIMEOUT_S = 20.0
 MakeServer = Callable[[int], Awaitable[Any]]
 
 
+# Ray's message about a dead actor: ids (``class_name: …``, ``actor_id: …``) and, after
+# the reason, advice that is the same for every death; neither says what happened
+_RAY_ID_FIELDS = ("class_name:", "actor_id:", "pid:", "namespace:", "ip:")
+_RAY_BOILERPLATE = "Some common causes include"
+MAX_REASON_CHARS = 300
+
+
 def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text[:400] + ("…" if len(text) > 400 else "")
+    """What Ray says happened, on one line: its reason lines without the actor's ids and
+    the generic advice after them, cut at :data:`MAX_REASON_CHARS`."""
+    text = str(err).split(_RAY_BOILERPLATE, 1)[0]
+    lines = [ln.strip() for ln in text.splitlines()]
+    kept = [ln for ln in lines if ln and not ln.startswith(_RAY_ID_FIELDS)]
+    text = " ".join(" ".join(kept).split()).rstrip(" .") + "."
+    return text[:MAX_REASON_CHARS] + ("…" if len(text) > MAX_REASON_CHARS else "")
+
+
+def actor_exception(err: BaseException) -> str:
+    """The exception an actor's method raised (a ``RayTaskError`` wraps it with Ray's
+    traceback), as ``Type: message`` on one line."""
+    cause = getattr(err, "cause", None)
+    if not isinstance(cause, BaseException):
+        return _one_line(err)
+    text = " ".join(str(cause).split())
+    return f"{type(cause).__name__}: {text}"[:MAX_REASON_CHARS]
 
 
 class RayServers(Servers):
@@ -64,6 +86,7 @@ class RayServers(Servers):
         """Start server ``instance_id`` as a new actor; returns once it is healthy."""
         actor = await self._make(instance_id)
         self.actors[instance_id] = actor
+        self.infos.pop(instance_id, None)  # healthy again only once this start returns
         try:
             info: ServerInfo = await actor.start.remote()
         except Exception as err:
@@ -121,14 +144,17 @@ class RayServers(Servers):
         return self._exits.get(slot.instance_id, "exited")
 
     def stop(self, instance_id: int) -> None:
-        """Stop the server's process group, then kill its actor."""
+        """Stop the server's process group, then kill its actor. An actor still starting
+        is killed at once: it runs one call at a time, so its ``stop`` would wait behind
+        ``start`` (~20 s of a Ctrl-C); its server dies with it (parent-death signal)."""
         import ray
 
         actor = self.actors.pop(instance_id, None)
         if actor is None:
             return
-        with contextlib.suppress(Exception):
-            ray.get(actor.stop.remote(), timeout=STOP_TIMEOUT_S)
+        if instance_id in self.infos:
+            with contextlib.suppress(Exception):
+                ray.get(actor.stop.remote(), timeout=STOP_TIMEOUT_S)
         with contextlib.suppress(Exception):
             ray.kill(actor)
 
@@ -240,5 +266,7 @@ class RayTrainerGroup:
             raise ProcessDied(
                 f"trainer rank {rank} (Ray actor, pid {pid}) died during {what}: {_one_line(err)}"
             ) from None
-        except Exception as err:
-            raise RuntimeError(f"trainer rank {rank} {what} failed: {_one_line(err)}") from None
+        except Exception as err:  # the rank's own exception: one line, no Ray traceback
+            raise LiveRunError(
+                f"trainer rank {rank} {what} failed: {actor_exception(err)}"
+            ) from None

@@ -29,14 +29,22 @@ from policies.protocols import LengthPredictor
 from policies.results import RunResult
 from policies.spec import RunSpec
 from runtime.attach import control_token, inference_key
-from runtime.errors import LiveRunError
+from runtime.errors import LiveRunError, ProcessDied
 from runtime.live_run import AfterStep, OnStep, drive, live_device, model_dir_for, trainer_config
 from runtime.ray_actors import ANSWERS_GROUP, ServerActor, ServerSettings, TrainerRank
 from runtime.ray_handles import RayServers, RayTrainerGroup
-from runtime.ray_placement import Bundle, RayPlan, ServerPlace, check_plan, label_datacenters, plan
-from runtime.ray_session import ray_session
+from runtime.ray_placement import (
+    Bundle,
+    RayPlan,
+    ServerPlace,
+    check_fits,
+    check_plan,
+    label_datacenters,
+    plain_resources,
+    plan,
+)
+from runtime.ray_session import LOCAL_RAY, ray_endpoint, ray_session
 from runtime.run_dir import RunDir
-from runtime.server_faults import ServersLost
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +56,11 @@ def run_on_ray(
     after_step: AfterStep | None, on_step: OnStep | None,
 ) -> RunResult:  # fmt: skip
     """Place, start, run and remove the run's actors on the cluster at ``address``."""
-    layout = plan(spec, gpu=live_device(spec) == "cuda")
-    check_plan(spec, layout)
+    layout = check_ray_run(spec, address)
     with ray_session(address) as ray:
-        placement = Placement(ray, layout, label_datacenters(layout, ray.cluster_resources()))
+        label = label_datacenters(layout, ray.cluster_resources())
+        check_fits(spec, layout, ray.cluster_resources(), label)  # else Ray waits for ever
+        placement = Placement(ray, layout, label)
         servers: RayServers | None = None
         trainer: RayTrainerGroup | None = None
         try:
@@ -59,7 +68,7 @@ def run_on_ray(
             servers, trainer = _make(ray, spec, run_dir, placement)
             run = _start_and_drive(spec, run_dir, servers, trainer, length_predictor, after_step, on_step)  # fmt: skip
             return asyncio.run(run)
-        except ServersLost as err:
+        except ProcessDied as err:  # the last server or a trainer rank: resume from the checkpoint
             raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
         finally:
             if servers is not None:
@@ -67,6 +76,16 @@ def run_on_ray(
             if trainer is not None:
                 trainer.stop()
             placement.remove()
+
+
+def check_ray_run(spec: RunSpec, address: str) -> RayPlan:
+    """The run's placement, or a ``ValueError`` naming the key that ``--ray`` cannot run
+    (before the run directory, Ray or any server is touched)."""
+    if address != LOCAL_RAY:
+        ray_endpoint(address)  # an address of no form Ray takes
+    layout = plan(spec, gpu=live_device(spec) == "cuda")
+    check_plan(spec, layout, own_ray=address == LOCAL_RAY)
+    return layout
 
 
 async def _start_and_drive(spec, run_dir, servers, trainer, length_predictor, after_step, on_step):
@@ -77,9 +96,11 @@ async def _start_and_drive(spec, run_dir, servers, trainer, length_predictor, af
     run_dir.record_processes({name: p.pid for name, p in placed.items()})
     run_dir.record_placement({name: dataclasses.asdict(p) for name, p in placed.items()})
     own_gpus = live_device(spec) == "cuda"  # each server and rank has a bundle of GPUs
+    # no CPU by role: the actors are not this process's children (and may be on any node)
     return await drive(
-        spec, run_dir, trainer, servers, length_predictor, after_step, on_step, own_gpus
-    )
+        spec, run_dir, trainer, servers, length_predictor, after_step, on_step, own_gpus,
+        host_cpu=False,
+    )  # fmt: skip
 
 
 class Placement:
@@ -107,7 +128,8 @@ class Placement:
             if not ready:
                 raise LiveRunError(
                     f"Ray could not place {name} ({group.bundle_specs}) within "
-                    f"{PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {self.ray.available_resources()}"
+                    f"{PLACEMENT_TIMEOUT_S:.0f} s; the cluster has free "
+                    f"{plain_resources(self.ray.available_resources())}"
                 )
 
     async def server(self, instance_id: int) -> tuple[ServerPlace, dict[str, Any]]:

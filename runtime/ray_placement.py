@@ -79,11 +79,24 @@ def plan(spec: RunSpec, gpu: bool) -> RayPlan:
     return RayPlan(tuple(servers), (rank,) * t.num_gpus, len(spec.cluster.generation))
 
 
-def check_plan(spec: RunSpec, plan_: RayPlan) -> None:
-    """A spec that asks for servers two ways is an error naming the keys."""
+def check_plan(spec: RunSpec, plan_: RayPlan, own_ray: bool = False) -> None:
+    """What ``--ray`` cannot run, refused before Ray or any server starts, naming the key:
+    servers asked for two ways, a trainer option the sharded trainer lacks, and (``own_ray``:
+    a Ray this command starts, one node without datacenter resources) several datacenters."""
     n = len(plan_.servers)
     if spec.live.server_urls:
         raise ValueError("live.server_urls attaches to running servers; --ray starts its own")
+    if spec.live.compile_trainer:  # ShardedTrainer refuses it, but only ~a minute later
+        raise ValueError(
+            "live.compile_trainer: the sharded trainer of a --ray run does not compile; "
+            "set live.compile_trainer=false or run without --ray"
+        )
+    if own_ray and len(plan_.datacenters) > 1:
+        raise ValueError(
+            f"the spec places processes in datacenters {sorted(plan_.datacenters)}: that needs "
+            "a Ray cluster whose nodes advertise them (ray start --resources=...), given with "
+            "--ray ADDRESS; --ray alone starts a one-node Ray of the command's own"
+        )
     if spec.live.num_servers not in (1, n):
         raise ValueError(
             f"live.num_servers ({spec.live.num_servers}) differs from the "
@@ -110,3 +123,37 @@ def label_datacenters(plan_: RayPlan, cluster_resources: dict[str, float]) -> bo
             f"ray start --resources='{{\"{missing[0]}\": 1000}}'"
         )
     return True
+
+
+def plain_resources(resources: dict[str, float]) -> dict[str, float]:
+    """``resources`` without Ray's internal ones (``node:…``, and the ``…_group_…`` that
+    each placement group adds): CPU, GPU, memory and the custom resources a user set."""
+    return {
+        k: v for k, v in resources.items()
+        if not k.startswith("node:") and "_group_" not in k and not k.startswith("bundle_group")
+    }  # fmt: skip
+
+
+def check_fits(spec: RunSpec, plan_: RayPlan, cluster: dict[str, float], label: bool) -> None:
+    """A ``ValueError`` where the plan can never be placed on a cluster of ``cluster``'s total
+    resources (Ray would wait for ever): a pool, the trainer, or all of them together asks
+    for more than the cluster has."""
+    if any(b.num_gpus for b in plan_.trainer) and not cluster.get("GPU"):
+        raise ValueError(f"live.device={spec.live.device}: the Ray cluster has no GPU")
+    groups = {f"cluster.generation[{p}]": plan_.pool_bundles(p) for p in range(plan_.num_pools)}
+    groups["cluster.trainer"] = list(plan_.trainer)
+    groups["the run (every pool and the trainer)"] = [b for g in list(groups.values()) for b in g]
+    for name, bundles in groups.items():
+        for key, need in _summed([b.resources(label) for b in bundles]).items():
+            if need > cluster.get(key, 0.0) + 1e-9:
+                raise ValueError(
+                    f"{name} needs {need:g} {key}, the Ray cluster has {cluster.get(key, 0.0):g}"
+                )
+
+
+def _summed(bundles: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for bundle in bundles:
+        for key, value in bundle.items():
+            out[key] = out.get(key, 0.0) + value
+    return out

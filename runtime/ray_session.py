@@ -18,7 +18,7 @@ from runtime.errors import MissingExtra
 LOCAL_RAY = "local"  # --ray without an address: a Ray instance of the command's own
 LOOPBACK = "127.0.0.1"
 RAY_INSTALL_HINT = "pip install 'tandem-rl[ray]'"
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def require_ray() -> ModuleType:
@@ -53,22 +53,44 @@ def ray_session(address: str, num_cpus: int | None = None) -> Iterator[ModuleTyp
         ray.shutdown()
 
 
+ADDRESS_FORMS = "auto, HOST:PORT or ray://HOST:PORT (or --ray alone for a Ray of the command's own)"
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """The host and port that ``--ray ADDRESS`` names (``None`` for ``auto``); a
+    ``ValueError`` naming ``--ray`` for any other form. Ray's own parser fails on these
+    with a logged traceback (``:6379``), a bare ``Invalid address format`` or advice about
+    ``RAY_ADDRESS`` (``http://...``)."""
+    if address == "auto":
+        return None
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme != "ray":
+        raise ValueError(f"--ray {address}: not a Ray address ({scheme}://); give {ADDRESS_FORMS}")
+    host, _, port = (rest if sep else address).rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--ray {address}: not a Ray address; give {ADDRESS_FORMS}")
+    return host, int(port)
+
+
 def connect(ray: ModuleType, address: str) -> None:
     """``ray.init`` on the cluster at ``address``; a ``ValueError`` naming ``--ray`` at once
-    where no cluster answers (Ray itself retries a dead ``host:port`` for minutes)."""
+    for an address of no form Ray takes, or where nothing answers (Ray itself retries a
+    dead ``host:port`` for minutes, and a dead ``ray://`` for half a minute)."""
     hint = (
         "start one (ray start --head), or give --ray without an address for a Ray "
         "instance of the command's own"
     )
-    host, _, port = address.rpartition(":")
-    if host and port.isdigit() and "://" not in address:
+    endpoint = ray_endpoint(address)
+    if endpoint is not None:
         try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
+            socket.create_connection(endpoint, timeout=5.0).close()
         except OSError as err:
             raise ValueError(
                 f"--ray {address}: no Ray cluster answers there ({err}); {hint}"
             ) from None
-    with loopback_stays_loopback(_is_loopback(address)):
+    # a Ray client (ray://) connects over its own protocol: no node address to keep
+    with loopback_stays_loopback(_is_loopback(endpoint) and "://" not in address):
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except ConnectionError as err:
@@ -112,8 +134,8 @@ def keeps_sigterm_handler() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _is_loopback(address: str) -> bool:
-    return address.rsplit(":", 1)[0] in _LOOPBACK_HOSTS
+def _is_loopback(endpoint: tuple[str, int] | None) -> bool:
+    return endpoint is not None and endpoint[0] in _LOOPBACK_HOSTS
 
 
 @contextlib.contextmanager

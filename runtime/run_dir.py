@@ -23,14 +23,18 @@ from runtime.history import journal_path, journal_steps
 
 SPEC = "spec.yaml"  # the run's original spec, written when it starts and never again
 
-# keys a resumed run may change: they decide where and how the run's processes run, not
-# what is trained (prefixes end in ".")
+# keys a resumed run may change: they decide where and how the run's processes run, and
+# what is recorded of it (tracking, kept checkpoints, the CPU timeline), not what is
+# trained (prefixes end in "."). The weight group's backend carries the same verified
+# weights; lent cores are torch threads, as live.trainer_threads
 OPERATIONAL_KEYS = (
-    "run.name", "sim.", "live.host", "live.base_port", "live.token", "live.api_key",
-    "live.server_urls", "live.num_servers", "live.restart_servers", "live.startup_timeout_s",
-    "live.trainer_threads", "live.trainer_nice", "live.engine_nice", "live.kv_cache_gib",
-    "live.checkpoint_every", "live.checkpoint_min_interval_s", "live.device",
-    "live.cost_model", "live.warm_up_tokens", "live.skip_zero_advantage", "live.share_prompts",
+    "run.name", "run.tracking", "sim.", "live.host", "live.base_port", "live.token",
+    "live.api_key", "live.server_urls", "live.num_servers", "live.restart_servers",
+    "live.startup_timeout_s", "live.trainer_threads", "live.trainer_nice", "live.engine_nice",
+    "live.kv_cache_gib", "live.checkpoint_every", "live.checkpoint_min_interval_s",
+    "live.keep_checkpoints", "live.cpu_sample_s", "live.lend_idle_cores", "live.weight_backend",
+    "live.device", "live.cost_model", "live.warm_up_tokens", "live.skip_zero_advantage",
+    "live.share_prompts",
 )  # fmt: skip
 
 

@@ -130,3 +130,14 @@ def test_a_resumed_run_keeps_what_its_earlier_part_saved_of_its_steps_and_cpu(tm
     RunDir(out).keep_earlier(earlier)
     assert json.loads((out / "steps.json").read_text()) == first + rebuilt[4:]
     assert RunDir(out).earlier_part(next_step=2, time_s=2.0).cpu_rows == rows[:2]
+
+
+def test_keys_that_only_say_how_a_run_is_recorded_or_run_may_change_on_resume():
+    """Before: ``--set run.tracking=mlflow`` on a resume was refused as a training change."""
+    base = load_spec(CONFIG)
+    recorded = load_spec(
+        CONFIG,
+        ["run.tracking=mlflow", "live.keep_checkpoints=0", "live.cpu_sample_s=0",
+         "live.lend_idle_cores=false", "live.weight_backend=gloo"],
+    )  # fmt: skip
+    assert training_changes(base, recorded) == []

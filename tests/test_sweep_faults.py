@@ -81,3 +81,16 @@ def test_a_grid_that_repeats_a_key_or_value_is_refused_before_anything_is_writte
     assert main(["sweep", "streamrl-7b", *grid, *SMALL, "--out", str(out)]) == 2
     assert says in _flat(capsys.readouterr().out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "given", [["--set", "run.tracking=tensorboard"], ["--grid", "run.tracking=none,tensorboard"]]
+)
+def test_a_sweep_given_tracking_is_refused_rather_than_silently_untracked(tmp_path, capsys, given):
+    """Before: the points ran and nothing was tracked, locally and on Ray."""
+    out = tmp_path / "sweep"
+    code = main(["sweep", "streamrl-7b", "--grid", "run.seed=1,2", *given, *SMALL,
+                 "--out", str(out)])  # fmt: skip
+    assert code == 2
+    assert "run.tracking: a sweep does not track its points" in _flat(capsys.readouterr().out)
+    assert not out.exists()

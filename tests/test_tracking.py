@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -183,3 +184,63 @@ def test_a_resumed_live_recorder_reports_from_its_checkpoint_on():
     assert report.window_s == 4.0 and report.utilization["gen-0"] == 0.75
     later = recorder.step_update(StepStats(6, 7, 0, 0, 44.0, 45.0), 45.0, 10)
     assert later.window_start_s is None and later.samples == ()
+
+
+@pytest.mark.parametrize(
+    "raised, status",
+    [(KeyboardInterrupt("stopped by SIGTERM"), "KILLED"), (RuntimeError("x"), "FAILED")],
+)
+def test_a_stopped_or_crashed_run_is_not_marked_finished_in_mlflow(
+    tmp_path, monkeypatch, raised, status
+):
+    """Before: ``set_terminated`` with its default status, FINISHED, whatever happened."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    spec = small_spec(run__iterations=2, run__tracking="mlflow")
+
+    def stop_after_a_step(update):
+        tracker(update)
+        raise raised
+
+    with pytest.raises(type(raised)), tracker_for(spec, tmp_path) as tracker:
+        Simulation(spec).run(on_step=stop_after_a_step)
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("tandem").experiment_id])
+    assert run.info.status == status
+
+
+def test_a_stopped_or_crashed_run_ends_its_wandb_run_with_a_non_zero_exit_code(tmp_path):
+    from experiments.tracking import WandbLogger
+
+    codes = []
+
+    class FakeRun:
+        def finish(self, exit_code=None):
+            codes.append(exit_code)
+
+    for raised in (None, RuntimeError("x"), KeyboardInterrupt()):
+        logger = WandbLogger(tmp_path, small_spec())
+        logger._run = FakeRun()  # as opened by its first step
+        with contextlib.suppress(RuntimeError, KeyboardInterrupt), Tracker([logger]):
+            if raised is not None:
+                raise raised
+    assert codes == [0, 1, 130]
+
+
+def test_a_finished_live_run_run_again_writes_no_tracking(tmp_path, monkeypatch):
+    """Re-running a finished live run into its --out returns its saved results
+    (``run_live``); before, each time added a TensorBoard file of summary scalars at step
+    0 (and would open a new MLflow or W&B run)."""
+    from experiments import cli
+    from policies.results import RunResult
+
+    out = tmp_path / "run"
+    args = ["run", "streamrl-7b", "--out", str(out), "--set", "run.iterations=2",
+            "--set", "algorithm.batch_size=64"]  # fmt: skip
+    assert main(args) == 0
+    saved = RunResult.load(out)
+    monkeypatch.setattr(cli, "_execute", lambda *a, **k: saved)  # run_live's finished path
+    assert main([*args, "--live", "--set", "run.tracking=tensorboard"]) == 0
+    assert not (out / "tensorboard").exists()

@@ -1,0 +1,245 @@
+"""What a ``--ray`` run refuses before Ray or any server starts, and how its errors read
+(no Ray cluster needed): one line naming the key, the address or the process, never
+Ray's traceback or its internal resources."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from policies.spec import load_spec
+from runtime import ray_launcher
+from runtime.errors import LiveRunError, ProcessDied
+from runtime.ray_handles import RayTrainerGroup, _one_line
+from runtime.ray_placement import check_fits, check_plan, plain_resources, plan
+from runtime.ray_session import connect, ray_endpoint
+from runtime.run_dir import RunDir
+
+CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
+
+# Ray 2.60's message for an actor killed by SIGKILL (ids shortened)
+ACTOR_DIED = """The actor died unexpectedly before finishing this task.
+\tclass_name: TrainerRank
+\tactor_id: 029e50ded47f
+\tpid: 15210
+\tnamespace: 6d242783
+\tip: 127.0.0.1
+The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR \
+Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file. \
+Some common causes include: (1) the process was killed by the OOM killer due to high \
+memory usage, (2) ray stop --force was called, or (3) the worker crashed unexpectedly."""
+
+
+def _spec(*sets: str):
+    return load_spec(CONFIG, list(sets))
+
+
+def test_a_dead_actor_is_named_by_rays_reason_without_its_ids_or_advice():
+    line = _one_line(RuntimeError(ACTOR_DIED))
+    assert line.startswith("The actor died unexpectedly before finishing this task.")
+    assert "connection error code 2" in line
+    assert "Some common causes" not in line and "actor_id" not in line and "\n" not in line
+
+
+def test_a_trainer_rank_that_dies_on_ray_ends_with_the_resume_command(monkeypatch, tmp_path):
+    """Before: only a lost server got ``resume with:``; a dead rank ended without it."""
+    died = ProcessDied("trainer rank 0 (Ray actor, pid 7) died during step: gone.")
+
+    class FakeRay:
+        def cluster_resources(self):
+            return {"CPU": 8.0}
+
+    class FakePlacement:
+        def __init__(self, *args):
+            pass
+
+        place = remove = lambda self: None
+
+    def fake_drive(*args):
+        raise died
+
+    monkeypatch.setattr(ray_launcher, "ray_session", lambda address: _yielding(FakeRay()))
+    monkeypatch.setattr(ray_launcher, "Placement", FakePlacement)
+    monkeypatch.setattr(ray_launcher, "_make", lambda *a: (_Stops(), _Stops()))
+    monkeypatch.setattr(ray_launcher, "_start_and_drive", lambda *a: fake_drive())
+    run_dir = RunDir(tmp_path / "run", "local")
+    spec = _spec("live.device=cpu")
+    with pytest.raises(LiveRunError) as caught:
+        ray_launcher.run_on_ray(spec, run_dir, "local", None, None, None)
+    message = str(caught.value)
+    assert message.startswith("trainer rank 0 (Ray actor, pid 7) died during step: gone.")
+    assert message.endswith(f"; resume with: tandem run {run_dir.spec_path} --live --ray "
+                            f"--out {run_dir.path}")  # fmt: skip
+
+
+class _Stops:
+    def stop_all(self):
+        pass
+
+    def stop(self):
+        pass
+
+
+class _yielding:
+    def __init__(self, value):
+        self.value = value
+
+    def __enter__(self):
+        return self.value
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_ranks_own_exception_is_one_line_not_rays_traceback():
+    """Before: ``RuntimeError: trainer rank 0 joining the process group failed:
+    ray::TrainerRank.init_group() (pid=…) ^^^^ File …`` — the reason cut off."""
+    from ray.exceptions import RayTaskError
+
+    cause = ValueError("live.compile_trainer: the sharded trainer does not compile")
+    wrapped = RayTaskError("init_group", "Traceback ... ^^^^", cause).as_instanceof_cause()
+
+    async def raising():
+        raise wrapped
+
+    group = RayTrainerGroup([object()])
+    with pytest.raises(LiveRunError) as caught:
+        asyncio.run(group._await(0, "joining the process group", raising()))
+    assert str(caught.value) == (
+        "trainer rank 0 joining the process group failed: ValueError: "
+        "live.compile_trainer: the sharded trainer does not compile"
+    )
+
+
+def test_compile_trainer_under_ray_is_refused_before_anything_starts(tmp_path, capsys):
+    """Before: ~50 s of start-up, then a traceback without the reason."""
+    out = tmp_path / "x"
+    start = time.monotonic()
+    code = main(["run", "live-tiny", "--live", "--ray", "--set", "live.compile_trainer=true",
+                 "--set", "live.device=cpu", "--out", str(out)])  # fmt: skip
+    printed = " ".join(capsys.readouterr().out.split())
+    assert code == 2 and time.monotonic() - start < 20
+    assert "live.compile_trainer: the sharded trainer of a --ray run does not compile" in printed
+    assert not (out / "spec.yaml").exists()
+
+
+def test_several_datacenters_need_a_cluster_given_by_address():
+    spec = _spec("cluster.trainer.datacenter=dc1")
+    with pytest.raises(ValueError, match=r"\['dc0', 'dc1'\].*--ray ADDRESS"):
+        check_plan(spec, plan(spec, gpu=False), own_ray=True)
+    check_plan(spec, plan(spec, gpu=False), own_ray=False)  # a cluster may advertise them
+
+
+def test_a_placement_that_can_never_fit_is_refused_at_once():
+    """Before: 120 s of waiting, then Ray's internal resources."""
+    four = _spec("cluster.generation.0.num_gpus=4", "live.num_servers=4")
+    with pytest.raises(ValueError, match=r"^cluster.generation\[0\] needs 4 CPU, the Ray "
+                       r"cluster has 2$"):  # fmt: skip
+        check_fits(four, plan(four, gpu=False), {"CPU": 2.0, "memory": 1e9}, False)
+    one = _spec()
+    with pytest.raises(ValueError, match=r"^the run \(every pool and the trainer\) needs 2 CPU"):
+        check_fits(one, plan(one, gpu=False), {"CPU": 1.0}, False)
+    check_fits(one, plan(one, gpu=False), {"CPU": 2.0}, False)
+    cuda = _spec("live.device=cuda")
+    with pytest.raises(ValueError, match=r"^live.device=cuda: the Ray cluster has no GPU$"):
+        check_fits(cuda, plan(cuda, gpu=True), {"CPU": 16.0}, False)
+
+
+def test_the_timeout_lists_only_plain_resources():
+    free = {
+        "node:__internal_head__": 1.0, "node:127.0.0.1": 1.0, "CPU": 1.0, "memory": 5.0,
+        "bundle_group_dc34": 1000.0, "CPU_group_0_dc34": 1.0, "bundle_group_0_dc34": 1000.0,
+        "CPU_group_dc34": 1.0, "datacenter_dc0": 1000.0,
+    }  # fmt: skip
+    assert plain_resources(free) == {"CPU": 1.0, "memory": 5.0, "datacenter_dc0": 1000.0}
+
+
+@pytest.mark.parametrize(
+    "address, found",
+    [(":6379", "not a Ray address"), ("bogus", "not a Ray address"),
+     ("http://127.0.0.1:6379", "not a Ray address (http://)"),
+     ("127.0.0.1:99999", "not a Ray address")],
+)  # fmt: skip
+def test_a_malformed_ray_address_is_one_line_naming_ray(address, found):
+    with pytest.raises(ValueError) as caught:
+        ray_endpoint(address)
+    assert str(caught.value).startswith(f"--ray {address}: {found}")
+    assert "ray://HOST:PORT" in str(caught.value)
+
+
+def test_the_forms_ray_takes_are_parsed():
+    assert ray_endpoint("auto") is None
+    assert ray_endpoint("10.0.0.1:6379") == ("10.0.0.1", 6379)
+    assert ray_endpoint("ray://head:10001") == ("head", 10001)
+    assert ray_endpoint("[::1]:6379") == ("::1", 6379)
+
+
+def test_a_ray_client_address_where_nothing_listens_stops_at_once():
+    """Before: a UserWarning, then an error after 37 s."""
+    from runtime.procs import free_port
+
+    address = f"ray://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"no Ray cluster answers there"):
+        connect(object(), address)  # type: ignore[arg-type]  # never reaches ray.init
+    assert time.monotonic() - start < 5
+
+
+def test_a_ray_run_measures_no_cpu_by_role(monkeypatch, tmp_path):
+    """The actors are the raylet's children, not the driver's: before, their CPU was
+    lumped into ``other`` and the servers' roles were empty."""
+    from runtime.live_run import _part_metrics
+    from runtime.recorder import Recorder
+
+    seen = {}
+
+    async def fake_drive(*args, **kwargs):
+        seen.update(kwargs)
+
+    class Group:
+        planned, ranks = [], []
+
+        async def start(self):
+            pass
+
+        def placements(self):
+            return {}
+
+    monkeypatch.setattr(ray_launcher, "drive", fake_drive)
+    run = ray_launcher._start_and_drive(
+        _spec("live.device=cpu"), RunDir(tmp_path), Group(), Group(), None, None, None
+    )
+    asyncio.run(run)
+    assert seen["host_cpu"] is False
+    recorder = Recorder()
+    recorder.steps.append({"step": 0, "num_samples": 32, "end_s": 0.5})
+    assert _part_metrics(recorder, 0, 0.0, 1.0, {}, {}) == {"time_to_first_step_s": 0.5}
+
+
+def test_a_server_actor_still_starting_is_killed_at_once(monkeypatch):
+    """Before: ``stop`` queued behind the synchronous ``start`` for STOP_TIMEOUT_S (20 s)
+    before the kill, so SIGTERM during start-up took ~24 s."""
+    import ray
+
+    from runtime.ray_handles import RayServers
+
+    calls = []
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: calls.append(("get", timeout)))
+    monkeypatch.setattr(ray, "kill", lambda actor: calls.append(("kill", actor)))
+
+    class Actor:
+        class stop:
+            remote = staticmethod(lambda: "ref")
+
+    servers = RayServers([0, 1], "token", None, False, 30.0)
+    starting = Actor()
+    servers.actors = {0: starting, 1: Actor()}
+    servers.infos = {1: object()}  # server 1 started; server 0 not yet
+    servers.stop(0)
+    assert calls == [("kill", starting)]
+    servers.stop(1)  # a started one is asked to stop its process group first
+    assert calls[1][0] == "get" and calls[2][0] == "kill"
