@@ -17,6 +17,7 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from policies.build import ExecutorInputs, RunPolicies, build_policies, instance_views, mode_of
 from policies.modes.base import PromptSource
@@ -137,15 +138,7 @@ async def drive(
     ``host_cpu``: the run's processes are this process's children, so its CPU use by role
     is measured (not on Ray: its actors are the raylet's, on any node)."""
     ckpt = run_dir.checkpoint
-    log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
-    position = resume_position(ckpt, await trainer.initialise(str(ckpt)))
-    recorder, trained_ids = Recorder(), set()
-    offset, time_offset_s = 0, 0.0
-    if position is not None:
-        log.info("resuming after step %d (%s)", position.next_step - 1, ckpt)
-        trained_ids = {s.sample_id for s in position.samples}
-        offset, time_offset_s = position.next_step, position.time_s
-        recorder = Recorder.resumed(position)
+    recorder, trained_ids, offset, time_offset_s = await _start_position(trainer, ckpt)
     recorder.on_fault = run_dir.append_fault  # faults.json is current during the run
     recorder.on_generation_idle = trainer.generation_idle  # it may borrow the idle cores
     ids = sorted(servers.slots)
@@ -186,6 +179,20 @@ async def drive(
     _save(result, run_dir, offset, time_offset_s, cpu_rows, startup)
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
+
+
+async def _start_position(
+    trainer: TrainerClient, ckpt: Path
+) -> tuple[Recorder, set[int], int, float]:
+    """Where the run starts, once the trainer has loaded the model: after the checkpoint's
+    step if there is one (its recorder, trained sample ids, next step, clock), else at 0."""
+    log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
+    position = resume_position(ckpt, await trainer.initialise(str(ckpt)))
+    if position is None:
+        return Recorder(), set(), 0, 0.0
+    log.info("resuming after step %d (%s)", position.next_step - 1, ckpt)
+    trained_ids = {s.sample_id for s in position.samples}
+    return Recorder.resumed(position), trained_ids, position.next_step, position.time_s
 
 
 def _save(
