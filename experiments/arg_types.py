@@ -32,3 +32,16 @@ non_negative_int = _bounded(int, 0, strict=False)
 positive_float = _bounded(float, 0, strict=True)
 share = _bounded(float, 0, strict=False, high=1)  # a fraction, 0..1
 port = _bounded(int, 1, strict=False, high=65535)
+
+
+def ray_address(text: str) -> str:
+    """``--ray ADDRESS`` in a form Ray takes, refused by the parser at once (the run's own
+    check came only after seconds of imports)."""
+    from runtime.ray_session import LOCAL_RAY, ray_endpoint
+
+    if text != LOCAL_RAY:
+        try:
+            ray_endpoint(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix("--ray ")) from None
+    return text

@@ -16,7 +16,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from experiments.advise_cmd import add_advise_parser
-from experiments.arg_types import positive_int
+from experiments.arg_types import positive_int, ray_address
 from experiments.cli_errors import run_handler
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
@@ -236,6 +236,7 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
         "--ray",
         nargs="?",
         const="local",
+        type=ray_address,
         metavar="ADDRESS",
         help="with --live: place the cluster section on a Ray cluster (ADDRESS host:port or "
         "auto; without it, a local Ray on 127.0.0.1): servers and FSDP2 trainer ranks as actors",

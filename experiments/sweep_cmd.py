@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from experiments.arg_types import positive_float, positive_int
+from experiments.arg_types import positive_float, positive_int, ray_address
 from experiments.guards import check_out_dir
 from policies.spec import RunSpec, SpecError
 from runtime.ray_session import LOCAL_RAY
@@ -43,6 +43,7 @@ def add_sweep_parser(
         "--ray",
         nargs="?",
         const=LOCAL_RAY,
+        type=ray_address,
         default=None,
         metavar="ADDRESS",
         help="run each point as a Ray task: on a Ray instance started for the sweep on "

@@ -171,6 +171,17 @@ def test_a_malformed_ray_address_is_one_line_naming_ray(address, found):
     assert "ray://HOST:PORT" in str(caught.value)
 
 
+@pytest.mark.parametrize("command", [["run", "live-tiny", "--live"], ["sweep", "streamrl-7b"]])
+def test_the_parser_refuses_a_malformed_ray_address(command, tmp_path, capsys):
+    """Before: refused only after ~10 s of imports, once the run had begun."""
+    with pytest.raises(SystemExit) as stopped:
+        main([*command, "--ray", "http://127.0.0.1:6379", "--out", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --ray: http://127.0.0.1:6379: not a Ray address (http://)" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_forms_ray_takes_are_parsed():
     assert ray_endpoint("auto") is None
     assert ray_endpoint("10.0.0.1:6379") == ("10.0.0.1", 6379)
