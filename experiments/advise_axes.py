@@ -118,17 +118,20 @@ def _check_values(name: str, values: list[Any], text: str) -> None:
         raise SpecError(f"--axis {text!r}: {name} takes positive integers")
 
 
-def feasible_tps(estimator: Estimator, tps: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+def feasible_tps(
+    estimator: Estimator, tps: tuple[int, ...]
+) -> tuple[dict[str, tuple[int, ...]], tuple[str, ...]]:
     """Per hardware, the tps at which the model shards and the weights and one longest
-    sequence fit; a ``SpecError`` saying why each failed where none fits any hardware
-    (else the space collapsed to the input spec alone, reported as fully covered)."""
+    sequence fit, and why each other (hardware, tp) was left out; a ``SpecError`` saying
+    why each failed where none fits any hardware (else the space collapsed to the input
+    spec alone, reported as fully covered)."""
     spec = estimator.spec
     need = spec.workload.prompt_tokens_median + max(
         spec.workload.max_output_tokens, spec.workload.final_max_output_tokens or 0
     )
     largest = max(g.num_gpus for g in estimator.inventory.groups)
     out: dict[str, tuple[int, ...]] = {}
-    why: dict[int, str] = {}
+    left_out: list[str] = []
     for g in estimator.inventory.groups:
         fits = []
         for tp in tps:
@@ -136,12 +139,12 @@ def feasible_tps(estimator: Estimator, tps: tuple[int, ...]) -> dict[str, tuple[
             if problem is None:
                 fits.append(tp)
             else:
-                why.setdefault(tp, problem)
+                left_out.append(f"tp {tp} on {g.hardware}: {problem}")
         out[g.hardware] = tuple(fits)
     if not any(out.values()):
         listed = ",".join(map(str, tps))
-        raise SpecError(f"tp {listed}: none fits ({'; '.join(why.values())})")
-    return out
+        raise SpecError(f"tp {listed}: none fits ({'; '.join(left_out)})")
+    return out, tuple(left_out)
 
 
 def _tp_problem(
@@ -151,11 +154,11 @@ def _tp_problem(
     try:
         capacity = estimator.cost.kv_capacity_tokens(Device(hardware, tp))
     except ValueError as err:  # the heads do not shard evenly, or the weights do not fit
-        return str(err)
+        return str(err).removeprefix(f"cluster.generation tp {tp}: ")
     if tp > largest:
-        return f"tp {tp}: more than the {largest} GPUs of the largest group"
+        return f"more than the {largest} GPUs of the largest group"
     if capacity < need:
-        return f"tp {tp} on {hardware}: KV for {capacity} tokens, one sequence needs {need}"
+        return f"KV for {capacity} tokens, one sequence needs {need}"
     return None
 
 

@@ -89,6 +89,8 @@ def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int
         f"{r.num_short} short + {r.num_full} full runs of {len(r.candidates)} candidates, "
         f"{r.coverage:.0%} covered, {advice.wall_s:.1f} s"
     )
+    for line in advice.space.left_out:
+        console.print(f"left out: {line}")
     if args.live_check:
         from experiments.advise_live import LivePlan, live_check
 

@@ -53,6 +53,7 @@ class Space:
     estimates: tuple[float, ...]
     input: Candidate | None  # the input spec as a candidate (None: not expressible)
     input_outside: bool  # the input breaks the constraints (e.g. staler than allowed)
+    left_out: tuple[str, ...] = ()  # each (hardware, tp) that does not fit, and why
 
 
 def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
@@ -60,7 +61,7 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
     axes = apply_axes(
         default_axes(base, options.max_staleness, options.objective), list(options.axes)
     )
-    tps = feasible_tps(estimator, axes.tps)
+    tps, left_out = feasible_tps(estimator, axes.tps)
     axes = with_extra_splits(axes, alg1_splits(estimator, axes))
     the_input = _input(base, estimator)
     if the_input is not None and not the_input.structure.colocated:
@@ -80,7 +81,9 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
         raise ValueError("--objective cost-normalized needs every GPU's cost in hardware.csv")
     per_structure = {c.structure: _estimate(estimator, c, options.objective) for c in found}
     estimates = tuple(per_structure[c.structure] for c in found)
-    return Space(base, axes, estimator.inventory, tuple(found), estimates, the_input, outside)
+    return Space(
+        base, axes, estimator.inventory, tuple(found), estimates, the_input, outside, left_out
+    )
 
 
 def _input(base: RunSpec, estimator: Estimator) -> Candidate | None:

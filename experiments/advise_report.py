@@ -236,6 +236,7 @@ def _search_lines(advice: Advice) -> list[str]:
             if r.finished else f"the budget ({advice.budget_s:g} s) stopped it")  # fmt: skip
     return [
         f"- space: {n} candidates (equivalent points once; models that do not fit left out)",
+        *(f"  - left out: {line}" for line in advice.space.left_out),
         f"- simulations: {r.num_short} short + {r.num_full} full in the search, "
         f"{len(advice.evaluations) - len(r.evaluations)} more pricing the changes "
         f"({full_equiv:.1f} full-run equivalents)",

@@ -114,6 +114,9 @@ def test_a_tp_axis_that_fits_nowhere_is_an_error_saying_why():
         plan_space(small_spec(), SpaceOptions(axes=("tp=3",)))
     space = plan_space(small_spec(), SpaceOptions(axes=("tp=2,3", "mode=pipeline")))
     assert {c.structure.tp for c in space.candidates if c != space.input} == {2}
+    # the tp that fits nowhere is said, not dropped without a word
+    assert len(space.left_out) == 1
+    assert space.left_out[0].startswith("tp 3 on H800: cannot shard")
 
 
 def test_bad_options_are_errors():
