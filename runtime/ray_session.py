@@ -102,7 +102,7 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     """Start a Ray instance for this process on this machine: every server bound to
     127.0.0.1, no dashboard. A ``RuntimeError`` (and no instance) if Ray bound elsewhere."""
     ray = require_ray()
-    with loopback_stays_loopback(True):
+    with loopback_stays_loopback(True), _quiet(_TOKEN_NOTICE):
         ray.init(
             address=LOCAL_RAY,  # a new instance, even with RAY_ADDRESS set or another running
             num_cpus=num_cpus,
@@ -115,6 +115,23 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     if addresses != {LOOPBACK}:
         ray.shutdown()
         raise RuntimeError(f"the local Ray instance bound to {sorted(addresses)}, not {LOOPBACK}")
+
+
+# Ray turns token authentication on for every new local instance and says so on the
+# console each time ("Token authentication is enabled for this Ray cluster. ...")
+_TOKEN_NOTICE = "ray._private.authentication.authentication_token_setup"
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """The logger's warnings left unprinted for the block (its errors still shown)."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -96,10 +96,12 @@ def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_pa
     cmd = [*TANDEM, "sweep", str(spec_path), "--grid",
            f"run.iterations={LONG},{LONG + 1}", "--ray", "--workers", "2",
            "--out", str(tmp_path / "sweep")]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            cmd, env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
+            start_new_session=True,
+        )  # fmt: skip
     started: list[int] = []
     try:
         assert wait_until(lambda: len(_point_tasks(proc.pid)) == 2, 120), "no point started"
@@ -113,6 +115,8 @@ def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_pa
         may_linger = AGENTS if sig == signal.SIGKILL else ()
         must_go = [p for p in started if not cmdline(p).startswith(may_linger)]
         assert len(must_go) >= 4  # the point tasks, gcs_server, raylet, ...
+        # Ray's notice that it enabled token authentication, printed at every start
+        assert "Token authentication" not in err_path.read_text()
         assert wait_until(lambda: not any(alive(p) for p in must_go), 30), [
             cmdline(p)[:80] for p in must_go if alive(p)
         ]
