@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import threading
@@ -95,6 +96,15 @@ def connect(ray: ModuleType, address: str) -> None:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except ConnectionError as err:
             found = str(err).split(". ")[0]
+            if endpoint is not None and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+                # something answered: a cluster that wants a token (ray start's default)
+                # refuses a driver without one, and Ray sends its token to a named address
+                # only when asked to
+                hint = (
+                    "a cluster started with token authentication (ray start's default) needs "
+                    "RAY_AUTH_MODE=token here, with its token in ~/.ray/auth_token or "
+                    "RAY_AUTH_TOKEN"
+                )
             raise ValueError(f"--ray {address}: {found}; {hint}") from None
 
 

@@ -200,6 +200,26 @@ def test_a_ray_client_address_where_nothing_listens_stops_at_once():
     assert time.monotonic() - start < 5
 
 
+def test_a_cluster_that_answers_but_refuses_says_how_to_give_it_a_token(monkeypatch):
+    """Seen: ``ray start --head`` (token authentication on by default), then ``--ray
+    HOST:PORT``: Ray sends no token to a named address unless asked, and the run ended
+    in 'Failed to connect ...; start one (ray start --head)' for a cluster that was up."""
+    import socket
+    import types
+
+    def refusing_init(**kwargs):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}.")
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        with pytest.raises(ValueError) as caught:
+            connect(types.SimpleNamespace(init=refusing_init), address)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert message.startswith(f"--ray {address}: Failed to connect")
+    assert "RAY_AUTH_MODE=token" in message and "ray start --head), or" not in message
+
+
 def test_a_ray_run_measures_no_cpu_by_role(monkeypatch, tmp_path):
     """The actors are the raylet's children, not the driver's: before, their CPU was
     lumped into ``other`` and the servers' roles were empty."""
