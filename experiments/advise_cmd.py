@@ -91,6 +91,12 @@ def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int
     )
     for line in advice.space.left_out:
         console.print(f"left out: {line}")
+    if not r.finished:
+        console.print(
+            f"[yellow]the budget (--budget-s {advice.budget_s:g}) stopped the search with "
+            f"{r.num_open} candidates not covered: a better one may be among them; a larger "
+            "--budget-s covers more (a loaded host runs fewer simulations in it)[/yellow]"
+        )
     if args.live_check:
         from experiments.advise_live import LivePlan, live_check
 

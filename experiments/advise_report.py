@@ -233,7 +233,8 @@ def _search_lines(advice: Advice) -> list[str]:
     n = len(r.candidates)
     full_equiv = sum(e.iterations for e in advice.evaluations) / advice.space.base.run.iterations
     stop = ("it ran to its end: no candidate's optimistic value exceeds the best full run"
-            if r.finished else f"the budget ({advice.budget_s:g} s) stopped it")  # fmt: skip
+            if r.finished else f"the budget ({advice.budget_s:g} s) stopped it: a better "
+            f"candidate may be among the {r.num_open} not covered")  # fmt: skip
     return [
         f"- space: {n} candidates (equivalent points once; models that do not fit left out)",
         *(f"  - left out: {line}" for line in advice.space.left_out),
