@@ -86,3 +86,17 @@ def test_the_default_folder_of_a_quick_report_is_documented_as_it_is(
     docs = " ".join((REPO / "docs" / "reproduce.md").read_text().split())
     for text in (helped, docs):
         assert "runs/reproduce-STUDY-quick" in text
+
+
+def test_the_reports_cite_the_papers_not_files_outside_the_repository() -> None:
+    """The reports cited ``shared/data/...``, which a clone of the repository lacks."""
+    from experiments.reproduce import pipelinerl, streamrl
+
+    for intro, paper in (
+        (streamrl.INTRO, "arXiv 2504.15930"),
+        (pipelinerl.INTRO, "arXiv 2509.19128"),
+    ):
+        text = " ".join(intro)
+        assert "shared/" not in text and paper in text
+    for report in ("streamrl", "pipelinerl"):
+        assert "shared/data" not in (REPO / "docs" / "reports" / report / "report.md").read_text()

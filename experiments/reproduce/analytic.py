@@ -1,4 +1,4 @@
-"""PipelineRL's analytical throughput model (``shared/data/pipelinerl.md``), on our cost model.
+"""PipelineRL's analytical throughput model (arXiv 2509.19128), on our cost model.
 
 * Conventional RL generates B·G samples, then trains them: ``1/r = 1/r_gen + 1/r_train``.
   Generation keeps every instance full (H sequences, refilled as they finish) until the

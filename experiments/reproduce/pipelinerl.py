@@ -249,7 +249,7 @@ def analytic_claims(lag: pd.DataFrame, lag_estimate: int) -> list[Claim]:
 
 INTRO = [
     "Simulated with tandem's SimPy simulator on PipelineRL's paper setup "
-    "(`shared/data/pipelinerl.md`): Qwen2.5-7B, 128 H100 (48 generate at 64 concurrent "
+    "(arXiv 2509.19128): Qwen2.5-7B, 128 H100 (48 generate at 64 concurrent "
     "sequences each, 80 train), GRPO, B = 1024 sequences per optimizer step, group 8, "
     "max 8192 tokens. Pipeline throughput is the steady state (middle half of the steps); "
     "conventional RL (`conventional` mode, G optimizer steps per G·B generated samples) is "

@@ -26,7 +26,7 @@ class Table:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    claim: str  # the published statement, as listed in shared/data
+    claim: str  # the published statement, as the paper states it
     published: str  # its number(s)
     ours: str  # the same quantity from our runs
     verdict: str  # "consistent", "we disagree", "qualitative only", "not checked: why"

@@ -2,7 +2,7 @@
 
 Runs every point of :mod:`experiments.reproduce.streamrl_points` in parallel, then draws
 the figures and writes ``report.md`` with the published text-level claims of
-``shared/data/streamrl/README.md`` beside our numbers.
+the StreamRL paper (arXiv 2504.15930) beside our numbers.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def allocation_section(res: Results, b: sp.Budget, out: Path) -> Section:
 
 INTRO = [
     "Simulated with tandem's SimPy simulator on the StreamRL paper's setups "
-    "(`shared/data/streamrl/README.md`): Qwen2.5-7B/32B/72B on 32/64/128 H800, PPO, "
+    "(arXiv 2504.15930): Qwen2.5-7B/32B/72B on 32/64/128 H800, PPO, "
     "1024 samples per iteration, lengths from the paper's Fig. 7 histogram scaled to "
     "5K/10K/20K. Every parameter comes from `hardware.csv`, `models.csv`, the published "
     "profile or a documented engine-efficiency assumption (table at the end); nothing is "
