@@ -225,6 +225,12 @@ def load_cases(out: Path) -> list[Case]:
     """The cases a :func:`run_fidelity` wrote under ``out/cases`` (to report them again)."""
     cases: dict[tuple[str, str], Case] = {}
     runs = list((out / "cases").glob("*/repeat-*"))
+    if not runs and (out / "fidelity.csv").is_file():  # a report shipped without its runs
+        raise ValueError(
+            f"{out}: a fidelity report without its saved runs (no cases/*/repeat-*/; the "
+            "reports in docs/reports ship without them): run tandem fidelity again, "
+            "without --report-only"
+        )
     if not runs:
         raise ValueError(f"{out}: no cases/*/repeat-*/ directories (not a fidelity report)")
     check_one_run(runs, out)

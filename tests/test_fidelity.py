@@ -223,6 +223,11 @@ def test_saved_cases_load_back_for_a_new_report(tmp_path):
     assert case.sim.metrics == sim.metrics
     with pytest.raises(ValueError, match="not a fidelity report"):
         load_cases(tmp_path / "cases")
+    shipped = tmp_path / "shipped"  # as docs/reports/fidelity-run14: the report, no runs
+    shipped.mkdir()
+    (shipped / "fidelity.csv").write_text("mode\n")
+    with pytest.raises(ValueError, match="without its saved runs .* without --report-only"):
+        load_cases(shipped)
 
 
 def test_seed_orders_keep_only_pairs_every_seed_agrees_on():
