@@ -175,8 +175,14 @@ def cmd_scheduler_trace(args: argparse.Namespace, console: Console, err_console:
     from experiments.scheduler_fidelity import run_scheduler_trace
     from runtime.model import ensure_tiny_model
 
+    def on_case(case: str, index: int, count: int) -> None:
+        console.print(
+            f"case {index + 1}/{count}, {case}: vLLM's engine records its steps (a minute or "
+            "two on a CPU), then the simulated engine replays the trace"
+        )
+
     out = check_out_dir(args.out)
-    for c in run_scheduler_trace(str(ensure_tiny_model(0)), out, args.seed):
+    for c in run_scheduler_trace(str(ensure_tiny_model(0)), out, args.seed, on_case):
         errors = ", ".join(f"{k} {v:.1%}" for k, v in c.relative_errors().items())
         console.print(
             f"{c.case}: steps {c.vllm_steps} vLLM / {c.sim_steps} sim, preemptions "

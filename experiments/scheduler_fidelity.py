@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,10 +103,19 @@ def record_vllm(
         return [SchedulerStep(**s) for s in json.loads(out.read_text())]
 
 
-def run_scheduler_trace(model_dir: str, out_dir: Path, seed: int = 0) -> list[CaseComparison]:
+def run_scheduler_trace(
+    model_dir: str,
+    out_dir: Path,
+    seed: int = 0,
+    on_case: Callable[[str, int, int], None] | None = None,
+) -> list[CaseComparison]:
+    """Each case's vLLM steps against the simulated engine's (``on_case`` hears of each
+    case as it starts: name, index, count)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    for case, policy in CASES.items():
+    for index, (case, policy) in enumerate(CASES.items()):
+        if on_case is not None:
+            on_case(case, index, len(CASES))
         limits = {**LIMITS, "scheduling_policy": policy}
         trace = skewed_trace(seed=seed, lpt=policy == "priority")
         real = record_vllm(model_dir, limits, trace)

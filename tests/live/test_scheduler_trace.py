@@ -18,8 +18,10 @@ pytestmark = pytest.mark.live
 
 
 def test_the_sim_engine_schedules_a_preempting_trace_as_vllm_does(model_dir, tmp_path):
-    results = run_scheduler_trace(model_dir, tmp_path)
+    heard: list[tuple[str, int, int]] = []  # progress: each case as it starts
+    results = run_scheduler_trace(model_dir, tmp_path, on_case=lambda *c: heard.append(c))
     assert [r.case for r in results] == list(CASES)
+    assert heard == [(case, i, len(CASES)) for i, case in enumerate(CASES)]
     for r in results:
         assert r.vllm_preemptions >= 10, f"{r.case}: the trace must make vLLM preempt"
         errors = r.relative_errors()
