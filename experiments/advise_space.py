@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies.cluster import GenerationPool
+from policies.dispatch import DISPATCH, NEEDS_LENGTHS
 from policies.modes import MODES
 from policies.spec import PipelineSection, RunSpec, spec_from_dict
 
@@ -308,12 +309,19 @@ def _splits(total: int, tp: int, axes: SearchAxes, has_others: bool) -> list[tup
 
 
 def enumerate_policies(axes: SearchAxes) -> list[PolicyChoice]:
+    """Every combination the spec accepts: a dispatch that ranks by predicted length
+    (skewness-aware) never goes without a length predictor."""
     return [
         PolicyChoice(d, s, p)
         for d in axes.dispatches
         for s in axes.schedulings
         for p in axes.predictors
+        if _valid_pairing(d, p)
     ]
+
+
+def _valid_pairing(dispatch: str, predictor: str) -> bool:
+    return not (predictor == "none" and dispatch in NEEDS_LENGTHS)
 
 
 def canonical(c: Candidate, prefer: PolicyChoice) -> Candidate:
@@ -323,8 +331,15 @@ def canonical(c: Candidate, prefer: PolicyChoice) -> Candidate:
     if p.predictor == "none":
         p = replace(p, scheduling=prefer.scheduling if prefer.predictor == "none" else "fcfs")
     if c.structure.num_instances == 1:
-        p = replace(p, dispatch=prefer.dispatch)
+        p = replace(p, dispatch=_any_dispatch(prefer.dispatch, p.predictor))
     return Candidate(c.structure, p)
+
+
+def _any_dispatch(prefer: str, predictor: str) -> str:
+    """One instance: every dispatch is alike; ``prefer`` where it goes with ``predictor``."""
+    if _valid_pairing(prefer, predictor):
+        return prefer
+    return min(d for d in DISPATCH.names() if _valid_pairing(d, predictor))
 
 
 def enumerate_candidates(

@@ -80,10 +80,12 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
     point's spec was invalid."""
     from experiments.plots import sweep_summary
     from experiments.sweep import grid_points, parse_grid, run_sweep
+    from experiments.sweep_point import check_point_specs
 
     axes = [parse_grid(g) for g in args.grid]
-    grid_points(axes)  # a repeated key or value is refused before --out is made
+    points = grid_points(axes)  # a repeated key or value is refused before --out is made
     check_untracked(spec, [axis.key for axis in axes])
+    check_point_specs(spec, points)  # so is an impossible point, before any point runs
     out = check_out_dir(args.out)
     frame = run_sweep(
         spec, axes, out, args.workers, point_timeout_s=args.point_timeout, ray_address=args.ray

@@ -19,18 +19,32 @@ import yaml
 from experiments.predictors import ranker_for
 from experiments.worker_pool import over_time
 from policies.logs import run_log
-from policies.spec import RunSpec, override_spec, read_yaml
+from policies.spec import RunSpec, SpecError, override_spec, read_yaml
 
 Row = dict[str, Any]  # a point's values, its metrics or its error (the sweep's table row)
 OnRow = Callable[[int, Row], None]
 
 
-def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
-    overrides = [
+def point_overrides(point: dict[str, Any]) -> list[str]:
+    """The point as ``--set`` overrides: ``key=value``, the value as YAML."""
+    return [
         f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
         for k, v in point.items()
     ]
-    return override_spec(base, overrides)
+
+
+def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
+    return override_spec(base, point_overrides(point))
+
+
+def check_point_specs(base: RunSpec, points: list[dict[str, Any]]) -> None:
+    """Build every point's spec (validation only, nothing runs): the first invalid one is a
+    :class:`SpecError` naming the point's ``key=value`` settings and what is wrong."""
+    for point in points:
+        try:
+            point_spec(base, point)
+        except SpecError as err:
+            raise SpecError(f"grid point {' '.join(point_overrides(point))}: {err}") from None
 
 
 def base_from_yaml(text: str) -> RunSpec:

@@ -78,16 +78,19 @@ class FixedAllocation:
         return cluster
 
 
-def _single_pool(cluster: ClusterSection) -> GenerationPool:
+def _single_pool(cluster: ClusterSection, allocation: str) -> GenerationPool:
     if len(cluster.generation) != 1:
-        raise ValueError("allocation 'balanced' supports one generation pool")
+        raise ValueError(
+            f"policies.allocation {allocation!r} supports one generation pool, not "
+            f"{len(cluster.generation)} (cluster.generation): use 'fixed'"
+        )
     return cluster.generation[0]
 
 
 @ALLOCATION.register("balanced")
 class BalancedAllocation:
     def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
-        pool = _single_pool(cluster)
+        pool = _single_pool(cluster, "balanced")
         same_place = (
             pool.datacenter == cluster.trainer.datacenter
             and pool.hardware == cluster.trainer.hardware
@@ -157,7 +160,7 @@ class ElasticAllocation:
         self._pool: GenerationPool | None = None
 
     def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
-        self._model, self._pool = model, _single_pool(cluster)
+        self._model, self._pool = model, _single_pool(cluster, "elastic")
         return cluster
 
     def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:

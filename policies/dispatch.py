@@ -30,6 +30,9 @@ class DispatchPolicy(Protocol):
 
 
 DISPATCH: Factories[DispatchPolicy] = Registry("dispatch")
+# dispatches that rank requests by predicted length: with ``length_predictor: none`` every
+# prediction is 0, so the first requests count as long-tail and every split prices alike
+NEEDS_LENGTHS = frozenset({"skewness-aware"})
 
 
 def _require(instances: Sequence[InstanceView]) -> None:

@@ -3,12 +3,19 @@ reach the instances."""
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from policies.cluster import MAX_ITERATIONS, check_name, count
 from policies.cluster import Section as _Section
 from policies.modes import MODES
 from policies.records import InflightHandling
+
+# what a spec may set; ``barrier`` is the controllers' own (updates between batches)
+SpecInflight = Literal[
+    InflightHandling.KEEP, InflightHandling.ABORT_RESUBMIT, InflightHandling.DRAIN
+]
 
 
 def overlap_modes() -> list[str]:
@@ -30,7 +37,7 @@ class PipelineSection(_Section):
     mode: str = Field(
         "stream-async", description="pipeline mode (tandem spec keys lists the registered ones)"
     )
-    inflight: InflightHandling = Field(
+    inflight: SpecInflight = Field(
         InflightHandling.KEEP,
         description="running requests at a weight update: keep, abort-resubmit or drain",
     )
@@ -46,7 +53,8 @@ class PipelineSection(_Section):
     push_every: int = count(
         1, ge=1, le=MAX_ITERATIONS,
         description="pipeline mode: push weights to the servers every this many optimizer "
-        "steps (1: every step, as PipelineRL); max_lag still bounds staleness",
+        "steps (1: every step, as PipelineRL); max_lag still bounds staleness, so at most "
+        "max_lag + 1",
     )  # fmt: skip
     overlap_waves: bool | None = Field(
         None,
@@ -103,6 +111,15 @@ class PipelineSection(_Section):
         mode = info.data.get("mode")
         if value != 1 and mode is not None and not MODES.get(mode).continuous:
             raise ValueError(f"{value} applies to mode 'pipeline' only, not {mode!r}: leave it 1")
+        lag = info.data.get("max_lag")  # resolved above (unset: the mode's default)
+        if lag is not None and value > lag + 1:
+            # the servers hold weights up to push_every - 1 versions old, so a sample
+            # started on them must be trained within max_lag steps: past lag + 1 none can be
+            raise ValueError(
+                f"{value} is more than pipeline.max_lag + 1 ({lag + 1}): servers {value - 1} "
+                f"versions behind could start no sample within pipeline.max_lag {lag}; the run "
+                "would stall"
+            )
         return value
 
     @field_validator("overlap_waves")
@@ -123,9 +140,10 @@ class PipelineSection(_Section):
             raise ValueError("needs pipeline.inflight keep or drain, not abort-resubmit")
         return value
 
-    @field_validator("inflight")
+    @field_validator("inflight", mode="before")
     @classmethod
-    def _not_barrier(cls, value: InflightHandling) -> InflightHandling:
-        if value == InflightHandling.BARRIER:
+    def _one_of_the_choices(cls, value: object) -> object:
+        """Say the choices in words (pydantic would print the enum members)."""
+        if value not in get_args(SpecInflight):
             raise ValueError("must be keep, abort-resubmit or drain")
         return value

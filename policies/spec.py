@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from policies.allocation import ALLOCATION
-from policies.cluster import MAX_ITERATIONS, MAX_TOKENS, ClusterSection, check_name, count
+from policies.cluster import MAX_ITERATIONS, ClusterSection, check_name, count
 from policies.cluster import Section as _Section
-from policies.dispatch import DISPATCH
+from policies.dispatch import DISPATCH, NEEDS_LENGTHS
 from policies.live_section import LiveSection
 from policies.modes import MODES
 from policies.pipeline_section import PipelineSection, overlap_modes
@@ -24,12 +24,12 @@ from policies.predictors import PREDICTORS
 from policies.scheduling import SCHEDULING
 from policies.sim_section import SimSection
 from policies.spec_yaml import SpecError, apply_overrides, parse_override, read_yaml
+from policies.workload_section import MAX_RUN_SAMPLES, WorkloadSection
 
 # re-exported: their homes are small modules
 __all__ = ["LiveSection", "SpecError", "apply_overrides", "parse_override", "read_yaml"]
 
 
-MAX_RUN_SAMPLES = 10_000_000  # run.iterations × algorithm.batch_size: what a run may hold
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # one path component: runs/NAME-... stays in runs/
 
 
@@ -107,58 +107,6 @@ class ModelSection(_Section):
         return self
 
 
-class WorkloadSection(_Section):
-    kind: Literal["histogram", "lognormal", "pareto", "trace"] = Field(
-        "histogram",
-        description="output-length distribution (sim; live prompts come from the tasks)",
-    )
-    max_output_tokens: int = count(
-        5000, ge=1, le=MAX_TOKENS, description="cap on a sample's output tokens"
-    )
-    final_max_output_tokens: int | None = count(
-        None,
-        ge=1,
-        le=MAX_TOKENS,
-        description="grow max output linearly to this by the last iteration",
-    )
-    prompt_tokens_median: int = count(
-        512, ge=1, le=MAX_TOKENS, description="median prompt length, tokens (sim)"
-    )
-    prompt_tokens_sigma: float = Field(0.5, ge=0, description="log-normal sigma of prompt lengths")
-    lognormal_median_tokens: float = Field(
-        1500.0, gt=0, description="kind lognormal: median output length, tokens"
-    )
-    lognormal_sigma: float = Field(0.8, gt=0, description="kind lognormal: sigma of log lengths")
-    pareto_alpha: float = Field(1.5, gt=0, description="kind pareto: tail index")
-    pareto_min_tokens: float = Field(300.0, gt=0, description="kind pareto: smallest length")
-    trace_path: str | None = Field(
-        None, description="kind trace: CSV/parquet of prompt_id, prompt_tokens, output_tokens"
-    )
-    num_prompts: int = count(
-        4096, ge=1, le=MAX_RUN_SAMPLES, description="prompts in the dataset (one epoch)"
-    )
-    tasks: Literal["mixed", "longtail"] = Field(
-        "mixed",
-        description="live task set (runtime/tasks.py): mixed — four families, about 13-token "
-        "answers on average; longtail — 92 % 2–5-token answers, 8 % 75–127-token ones",
-    )
-    # Defaults match StreamRL's published ranker (recall of the longest 20/10/5 %:
-    # 0.87/0.82/0.76), which needs a predictor whose log length correlates ~0.97 with the
-    # sample's; a prompt's history can reach sqrt(0.96 * 0.98) = 0.97 here (docs/ranker.md).
-    prompt_correlation: float = Field(
-        0.96, ge=0, le=1, description="share of a sample's log-length variance set by its prompt"
-    )
-    epoch_correlation: float = Field(
-        0.98, ge=0, le=1, description="correlation of a prompt's length across epochs"
-    )
-
-    @model_validator(mode="after")
-    def _trace_has_path(self) -> WorkloadSection:
-        if self.kind == "trace" and not self.trace_path:
-            raise ValueError("kind 'trace' needs trace_path")
-        return self
-
-
 class AlgorithmSection(_Section):
     name: Literal["grpo", "ppo"] = Field(
         "grpo", description="objective: PipelineRL's simplified GRPO or PPO-clip (live loss)"
@@ -217,8 +165,16 @@ class PoliciesSection(_Section):
 
     @field_validator("length_predictor")
     @classmethod
-    def _known_predictor(cls, value: str) -> str:
-        return check_name(value, PREDICTORS.names())
+    def _known_predictor(cls, value: str, info: ValidationInfo) -> str:
+        value = check_name(value, PREDICTORS.names())
+        dispatch = info.data.get("dispatch")
+        if value == "none" and dispatch in NEEDS_LENGTHS:
+            raise ValueError(
+                f"'none' leaves policies.dispatch {dispatch!r} without predicted lengths (it "
+                "would put the first fifth of a batch on one instance): choose a length "
+                "predictor or another dispatch"
+            )
+        return value
 
     @field_validator("allocation")
     @classmethod

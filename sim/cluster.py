@@ -4,10 +4,12 @@ policy may re-split the spec's cluster between generation and training."""
 from __future__ import annotations
 
 from policies.allocation import AllocationPolicy, StageModel
-from policies.cluster import ClusterSection
+from policies.cluster import ClusterSection, GenerationPool
 from policies.modes import ModeTraits
+from policies.protocols import Device
 from policies.spec import RunSpec
-from sim.costs import SimCostModel
+from sim.costs import ModelDoesNotFit, SimCostModel
+from sim.tables import hardware_table
 from sim.workload import Workload
 
 
@@ -21,6 +23,7 @@ def resolve_cluster(
     """The cluster that runs: colocated modes share every GPU, allocation may re-split it
     (and stays on as the scaling rule of ``elastic``)."""
     cluster = spec.cluster
+    check_cluster(cluster, cost)
     if mode.colocated:
         pool = cluster.generation[0]
         total = sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
@@ -38,3 +41,27 @@ def resolve_cluster(
         output_tokens=workload.sample_lengths(4096),
     )
     return allocation.allocate(cluster, model)
+
+
+def check_cluster(cluster: ClusterSection, cost: SimCostModel) -> None:
+    """Refuse, naming the spec key, hardware the simulator has no figures for and a pool
+    whose tensor-parallel size leaves its model no KV cache."""
+    known = hardware_table()
+    named = [(f"cluster.generation.{i}", p.hardware) for i, p in enumerate(cluster.generation)]
+    for key, name in [*named, ("cluster.trainer", cluster.trainer.hardware)]:
+        if name not in known:
+            raise ValueError(
+                f"{key}.hardware: unknown hardware {name!r}; known: {', '.join(known)}"
+            )
+    for i, pool in enumerate(cluster.generation):
+        try:
+            cost.kv_capacity_tokens(Device(pool.hardware, pool.tp))
+        except ModelDoesNotFit as err:
+            raise ValueError(f"cluster.generation.{i}.tp: {err}") from None
+
+
+def kv_cache_key(cluster: ClusterSection, pool: GenerationPool) -> str:
+    """The spec key that sizes ``pool``'s KV cache: its block override where set, else tp."""
+    i = cluster.generation.index(pool)
+    name = "num_gpu_blocks_override" if pool.num_gpu_blocks_override else "tp"
+    return f"cluster.generation.{i}.{name}"

@@ -40,6 +40,10 @@ from sim.tables import Hardware, hardware
 from sim.ticks import DecodeLaw, StepWork, to_seconds, to_ticks
 
 
+class ModelDoesNotFit(ValueError):
+    """The weights leave no room for a KV cache at this tensor-parallel size."""
+
+
 class SimCostModel(Protocol):
     """What the simulator needs of a cost model, beyond ``policies.protocols.CostModel``."""
 
@@ -165,7 +169,7 @@ class RooflineCostModel:
         free = device.num_gpus * hw.hbm_bytes * self.eff.gpu_memory_utilization
         free -= self.model.weight_bytes
         if free <= 0:
-            raise ValueError(
+            raise ModelDoesNotFit(
                 f"{self.model.name} does not fit on {device.num_gpus}× {device.hardware}; raise tp"
             )
         return int(free // self.model.kv_bytes_per_token)

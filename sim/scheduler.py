@@ -40,6 +40,10 @@ from sim.queues import Victims, WaitingQueue
 from sim.sequence import EngineLimits, Seq, SeqStatus, StepPlan
 
 
+class SequenceTooLong(ValueError):
+    """One sequence needs more blocks than the whole KV cache holds."""
+
+
 class Scheduler:
     def __init__(self, limits: EngineLimits) -> None:
         self.limits = limits
@@ -69,7 +73,7 @@ class Scheduler:
         )  # fmt: skip
         largest = blocks_for(seq.prompt_tokens + target_tokens - 1, self.limits.block_size)
         if largest > self.limits.num_blocks:
-            raise ValueError(
+            raise SequenceTooLong(
                 f"sample {request.sample_id}: one sequence does not fit the KV cache "
                 f"({self.limits.num_blocks} blocks of {self.limits.block_size} tokens)"
             )

@@ -61,9 +61,10 @@ from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from sim import scaling
-from sim.cluster import resolve_cluster
+from sim.cluster import kv_cache_key, resolve_cluster
 from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
+from sim.scheduler import SequenceTooLong
 from sim.sequence import engine_limits
 from sim.tables import hardware_table
 from sim.ticks import DecodeLaw, to_seconds, to_ticks
@@ -261,7 +262,11 @@ class _World:
         self._handlers[type(command)](command)
 
     def _dispatch(self, command: Dispatch) -> None:
-        self.instances[command.instance_id].engine.submit(command.requests)
+        instance = self.instances[command.instance_id]
+        try:
+            instance.engine.submit(command.requests)
+        except SequenceTooLong as err:
+            raise ValueError(f"{kv_cache_key(self.cluster, instance.pool)}: {err}") from None
 
     def _aborted(self, instance_id: int, requests: list[Request]) -> None:
         self.emit(RequestsAborted(to_seconds(self.env.now), instance_id, tuple(requests)))

@@ -28,6 +28,7 @@ from policies.records import Request
 from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.token_counts import check_token_counts
+from policies.workload_section import MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
 from sim.tables import data_path
 
 HISTOGRAM_MAX_TOKENS = 20000
@@ -83,7 +84,8 @@ class Workload:
         prompt_tokens = w.prompt_tokens_median * np.exp(
             sigma * base.standard_normal(self._num_prompts)
         )
-        self._prompt_tokens = np.clip(np.round(prompt_tokens), 16, 8192).astype(int)
+        bounds = (MIN_PROMPT_TOKENS, MAX_PROMPT_TOKENS)  # the spec keeps the median inside
+        self._prompt_tokens = np.clip(np.round(prompt_tokens), *bounds).astype(int)
         if trace_prompt_tokens is not None:
             self._prompt_tokens = trace_prompt_tokens
         self._dist = None if self._trace is not None else LengthDistribution(spec)

@@ -59,6 +59,18 @@ def test_equivalent_points_are_enumerated_once():
     assert colocated and set(colocated.values()) == {1}
 
 
+def test_skewness_aware_dispatch_is_never_searched_without_a_length_predictor():
+    space = plan_space(small_spec(), SpaceOptions(axes=("mode=stream-async", "tp=1,4")))
+    policies = {c.policies for c in space.candidates}
+    assert {p.predictor for p in policies} == {"none", "oracle"}
+    assert "skewness-aware" in {p.dispatch for p in policies}
+    assert not [p for p in policies if p.dispatch == "skewness-aware" and p.predictor == "none"]
+    one_instance = [c for c in space.candidates if c.structure.num_instances == 1]
+    assert one_instance  # there every dispatch is alike: the one kept suits the predictor
+    for c in space.candidates:
+        candidate_spec(space.base, c)  # validates
+
+
 def test_the_input_is_a_candidate_with_its_resolved_split():
     space = plan_space(small_spec(), SpaceOptions())
     assert space.input in space.candidates and not space.input_outside

@@ -116,10 +116,12 @@ def test_balanced_cross_datacenter_shrinks_the_faster_stage():
     assert (out.generation[0].num_gpus, out.trainer.num_gpus) == (1, 4)
 
 
-def test_balanced_needs_one_pool():
+@pytest.mark.parametrize("policy", [BalancedAllocation(), ElasticAllocation()])
+def test_balanced_and_elastic_need_one_pool_and_say_which_policy(policy):
     cluster = ClusterSection.model_validate({"generation": [{"num_gpus": 2}, {"num_gpus": 2}]})
-    with pytest.raises(ValueError, match="one generation pool"):
-        BalancedAllocation().allocate(cluster, _model())
+    name = "balanced" if isinstance(policy, BalancedAllocation) else "elastic"
+    with pytest.raises(ValueError, match=rf"policies\.allocation '{name}' .*one generation pool"):
+        policy.allocate(cluster, _model())
 
 
 class _InverseModel:

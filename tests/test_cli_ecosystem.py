@@ -99,6 +99,17 @@ def test_spec_keys_lists_every_key_with_a_description_and_its_default(capsys):
     assert "live.keep_checkpoints" in table and "per-step metrics logger" in table
 
 
+def test_spec_keys_offers_only_the_inflight_choices_a_spec_accepts():
+    """``barrier`` is the controllers' own (updates between batches): never listed."""
+    from policies.spec import load_spec
+
+    listed = {k.key: k.type for k in spec_keys()}["pipeline.inflight"]
+    assert listed == "one of: keep, abort-resubmit, drain"
+    for choice in listed.removeprefix("one of: ").split(", "):
+        spec = load_spec(None, ["pipeline.mode=pipeline", f"pipeline.inflight={choice}"])
+        assert spec.pipeline.inflight == choice
+
+
 def test_spec_keys_walks_lists_and_optional_sections():
     from pydantic import BaseModel, Field
 

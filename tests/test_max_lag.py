@@ -124,3 +124,26 @@ def test_pipeline_pushes_every_k_steps_and_keeps_the_lag_bound():
     assert every_step == 7 and every_other == 3  # after steps 1..7; the last step pushes none
     assert max(lags_2) <= 3 and max(lags_1) <= 3  # the bound holds either way
     assert served_2 == {v for v in served_1 if v % 2 == 0} and len(served_1) > len(served_2)
+
+
+@pytest.mark.parametrize(("every", "lag"), [(4, 2), (6, 4), (2, 0), (6, None)])
+def test_a_push_interval_the_lag_bound_cannot_cover_is_refused_naming_both_keys(every, lag):
+    """Servers ``every − 1`` versions behind can start no sample within ``max_lag``: the
+    simulation used to stall (SimPy: no scheduled events left)."""
+    overrides = {"pipeline.mode": "pipeline", "pipeline.push_every": every}
+    if lag is not None:  # None: the default bound, 4
+        overrides["pipeline.max_lag"] = lag
+    with pytest.raises(SpecError, match=r"pipeline\.push_every: .*pipeline\.max_lag"):
+        make_spec(overrides)
+
+
+@pytest.mark.parametrize(("every", "lag"), [(2, 1), (3, 2), (5, 4), (1, 0)])
+def test_a_push_interval_of_at_most_the_lag_plus_one_runs(every, lag):
+    from helpers import small_spec
+
+    from sim.simulator import Simulation
+
+    spec = small_spec(pipeline__mode="pipeline", pipeline__max_lag=lag,
+                      pipeline__push_every=every, run__iterations=6)  # fmt: skip
+    result = Simulation(spec).run()
+    assert max(r.version_trained - r.version_start for r in result.samples) <= lag

@@ -98,6 +98,11 @@ def test_missing_file_and_non_mapping_are_spec_errors(tmp_path):
         ({"policies": {"dispatch": "fastest"}}, "policies.dispatch", "unknown name 'fastest'"),
         ({"policies": {"scheduling": "sjf"}}, "policies.scheduling", "unknown name 'sjf'"),
         ({"policies": {"length_predictor": "psychic"}}, "policies.length_predictor", "unknown"),
+        (
+            {"policies": {"dispatch": "skewness-aware", "length_predictor": "none"}},
+            "policies.length_predictor",
+            "policies.dispatch 'skewness-aware'",
+        ),
         ({"policies": {"allocation": "greedy"}}, "policies.allocation", "unknown name"),
         ({"policies": {"dispatch_objective": "mean"}}, "policies.dispatch_objective", "sum"),
         ({"pipeline": {"mode": "async"}}, "pipeline.mode", "unknown name 'async'"),
@@ -108,6 +113,17 @@ def test_missing_file_and_non_mapping_are_spec_errors(tmp_path):
         ({"cluster": {"generation": [{"num_gpus": 3, "tp": 2}]}}, "cluster.generation.0", "tp"),
         ({"workload": {"kind": "trace"}}, "workload", "trace_path"),
         ({"workload": {"prompt_correlation": 1.5}}, "workload.prompt_correlation", "less"),
+        (
+            {"workload": {"prompt_tokens_median": 100000}},
+            "workload.prompt_tokens_median",
+            "16-8192",
+        ),
+        ({"workload": {"prompt_tokens_median": 8}}, "workload.prompt_tokens_median", "16-8192"),
+        (
+            {"workload": {"max_output_tokens": 5000, "final_max_output_tokens": 1000}},
+            "workload.final_max_output_tokens",
+            "workload.max_output_tokens (5000)",
+        ),
         ({"sim": {"cost_model": "magic"}}, "sim.cost_model", "roofline"),
     ],
 )
@@ -262,9 +278,21 @@ def test_cli_sweep_whose_every_point_is_impossible_exits_2(tmp_path, capsys):
     )
     assert code == 2
     printed = _flat(capsys.readouterr().out)
-    assert "pipeline.max_lag" in printed
-    assert "2 failed" in printed
-    assert not (tmp_path / "sweep" / "points" / "0000" / "metrics.json").exists()
+    assert "grid point pipeline.max_lag=-1: pipeline.max_lag" in printed
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_cli_sweep_refuses_an_impossible_point_before_any_point_runs(tmp_path, capsys):
+    """Seen: point 0 ran in full, then point 1 failed with a traceback in results.csv."""
+    out = tmp_path / "sweep-bad"
+    grid = ["--grid", "workload.max_output_tokens=5000,-1", "--grid", "run.seed=1,2"]
+    args = ["sweep", "streamrl-7b", "--set", "run.iterations=1", *grid, "--out", str(out)]
+    assert main(args) == 2
+    printed = _flat(capsys.readouterr().out)
+    assert "grid point workload.max_output_tokens=-1 run.seed=1: " in printed
+    assert "workload.max_output_tokens: Input should be greater than or equal to 1" in printed
+    assert len(printed.splitlines()) == 1
+    assert not out.exists()  # no directory, no point run
 
 
 def test_config_path_finds_files_and_shipped_names(tmp_path):
