@@ -97,6 +97,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.ray is not None and not args.live:
         raise SpecError("--ray places a live run: add --live")
+    if args.live:  # a refused live run leaves no run directory behind
+        from runtime.launcher import check_live_run
+
+        check_live_run(spec, args.ray)
     out = _out_dir(args, spec)
     tracker = tracker_for(spec, out)  # a missing tracking package stops the run here
     label = f"{spec.run.name} · {spec.pipeline.mode}"

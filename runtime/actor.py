@@ -116,7 +116,7 @@ class Actor:
         self.learn_lengths = learn_lengths  # an online length predictor's update, if any
         self.on_step = on_step  # gets a StepUpdate after every optimizer step (tracking)
         self._lengths_seen: tuple[list[Request], list[int]] = ([], [])
-        self.groups = GroupBook(config.group_size)
+        self.groups = GroupBook(config.group_size, config.step_offset)
         self.pauses_s: list[float] = []
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._jobs = JobQueue()

@@ -14,8 +14,14 @@ from runtime.trainer import TrainItem
 
 
 class GroupBook:
-    def __init__(self, group_size: int) -> None:
+    """Completions waiting for their groups. The controller's completions count versions
+    from this run's start; ``version_offset`` (a resumed run's first global step) turns
+    them back into the trainer's global versions, so a sample's lag is one subtraction of
+    two global numbers."""
+
+    def __init__(self, group_size: int, version_offset: int = 0) -> None:
         self.group_size = group_size
+        self.version_offset = version_offset
         self._rewards: dict[int, dict[int, float]] = {}  # group id -> sample id -> reward
         self._pending: dict[int, list[Completion]] = {}  # step -> placed, group unfinished
         self.prompt_ids: dict[int, tuple[int, ...]] = {}  # sample id -> prompt token ids
@@ -52,5 +58,5 @@ class GroupBook:
             logprobs_old=tuple(c.logprobs or ()),
             advantage=(c.reward or 0.0) - mean,
             reward=c.reward or 0.0,
-            version_start=c.prompt_version,
+            version_start=c.prompt_version + self.version_offset,
         )

@@ -92,6 +92,16 @@ def _check_supported(spec: RunSpec) -> None:
         check_model_dir(spec.model.path, "model.path")
 
 
+def check_live_run(spec: RunSpec, ray_address: str | None = None) -> None:
+    """A ``ValueError`` naming the key of what a live run (on ``ray_address``, if given)
+    refuses; the CLI calls it before it makes the run directory."""
+    _check_supported(spec)
+    if ray_address is not None:  # what --ray cannot run stops here, before Ray starts
+        from runtime.ray_launcher import check_ray_run
+
+        check_ray_run(spec, ray_address)
+
+
 def run_live(
     spec: RunSpec, out_dir: Path, length_predictor: LengthPredictor | None = None,
     force_new_spec: bool = False, after_step: AfterStep | None = None,
@@ -106,11 +116,7 @@ def run_live(
     is awaited after every optimizer step and its checkpoint (tests); ``on_step`` gets a
     :class:`StepUpdate` after every optimizer step, as it happens (progress, tracking).
     ``ray_address``: run on that Ray cluster (``local``: start one on this machine)."""
-    _check_supported(spec)
-    if ray_address is not None:  # what --ray cannot run stops here, before Ray starts
-        from runtime.ray_launcher import check_ray_run
-
-        check_ray_run(spec, ray_address)
+    check_live_run(spec, ray_address)
     run_dir = RunDir(Path(out_dir), ray_address)
     run_dir.prepare(spec, force_new_spec)  # before anything starts
     with run_log(run_dir.path):

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 AfterStep = Callable[[int], Awaitable[None]]
 OnStep = Callable[[StepUpdate], None]
+KeepRows = Callable[[list[dict[str, float]]], None]  # CPU timeline rows of a stopped part
 
 
 class ResumablePrompts:
@@ -167,7 +168,10 @@ async def drive(
             startup["startup_s"] = process_age_s()  # the process's start to the clock's
             cpu_before = _cpu(trainer, servers) if host_cpu else {}
             actor.start_clock(time_offset_s)
-            end_s, cpu_rows = await _run_clocked(spec, actor, trainer, servers, offset, host_cpu)
+            keep = _stopped_cpu_rows(run_dir, offset, time_offset_s)
+            end_s, cpu_rows = await _run_clocked(
+                spec, actor, trainer, servers, offset, host_cpu, keep
+            )
             cpu_after = _cpu(trainer, servers) if host_cpu else {}
             startup.update(
                 _part_metrics(recorder, offset, time_offset_s, end_s, cpu_before, cpu_after)
@@ -209,21 +213,46 @@ def _save(
     run_dir.keep_earlier(earlier)
 
 
+def _stopped_cpu_rows(run_dir: RunDir, offset: int, time_offset_s: float) -> KeepRows:
+    def keep(rows: list[dict[str, float]]) -> None:
+        run_dir.keep_stopped_cpu_rows(offset, time_offset_s, rows)
+
+    return keep
+
+
 async def _run_clocked(
     spec: RunSpec, actor: Actor, trainer: TrainerClient, servers: Servers, offset: int,
-    host_cpu: bool = True,
+    host_cpu: bool = True, keep_stopped: KeepRows | None = None,
 ) -> tuple[float, list[dict[str, float]]]:  # fmt: skip
     """Load the trainer's weights on the servers and run, on the clock the actor started;
-    the run's end time and its CPU timeline (none without ``host_cpu``)."""
+    the run's end time and its CPU timeline (none without ``host_cpu``). A run stopped
+    before its end (SIGTERM, Ctrl-C, an error) hands its rows so far to ``keep_stopped``:
+    the part that resumes it keeps them."""
     timeline = _cpu_timeline(spec, trainer, servers, actor.now) if host_cpu else None
+    stopped = True
     try:
         log.info("loading the trainer's weights on the servers")
         await actor.push_now(offset)  # the servers serve the trainer's weights
         log.info("running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode)
         end_s = await actor.run()
+        stopped = False
     finally:
         cpu_rows = timeline.stop() if timeline else []
+        if stopped and keep_stopped is not None:
+            keep_stopped(cpu_rows)
+    if spec.live.server_urls:
+        await push_final_weights(actor)
     return end_s, cpu_rows
+
+
+async def push_final_weights(actor: Actor) -> None:
+    """Load the last step's weights on the servers, after the run's clock has stopped.
+
+    The mode controllers finish on the last step without pushing it (the simulator's
+    servers, and servers the run started, end with the run), which would leave servers the
+    user keeps (``live.server_urls``, e.g. a ``tandem serve``) on the weights before. The
+    push is not recorded: the run's figures end where its last step did."""
+    await actor.faults.push(actor.config.step_offset + actor.controller.latest_version)
 
 
 def _part_metrics(

@@ -102,7 +102,9 @@ class Recorder:
 
     def journal_delta(self, step: int, time_s: float) -> DataPosition:
         """What the history journal lacks after global ``step``: the samples trained up
-        to it, the spans and steps recorded since the last delta (each given once)."""
+        to it, the spans and steps recorded since the last delta (each given once). A
+        server busy at ``time_s`` has its busy span cut there (:meth:`_cut_busy`)."""
+        self._cut_busy(time_s)
         ids, num_spans, num_steps = self._journaled
         new = [
             s for s in self.trained_samples()
@@ -112,6 +114,21 @@ class Recorder:
         spans, steps = self.spans[num_spans:], self.steps[num_steps:]
         self._journaled = (ids, len(self.spans), len(self.steps))
         return DataPosition(step + 1, time_s, new, list(spans), list(steps))
+
+    def _cut_busy(self, now_s: float) -> None:
+        """End each open busy span at ``now_s`` and go on with a new one from there.
+
+        A ``pipeline`` server stays busy from the run's start to its end: without the cut
+        its one span would reach the journal only at the end, and a run stopped before it
+        would resume with no generation before the checkpoint. The pieces carry no
+        iteration (requests of several were running)."""
+        for i, start in sorted(self._busy_since.items()):
+            if start < now_s:
+                batch = self._max_batch.get(i)
+                self.spans.append(
+                    Span(generation_resource(i), SpanKind.DECODE, start, now_s, None, batch)
+                )
+                self._busy_since[i], self._max_batch[i] = now_s, self._outstanding[i]
 
     def outstanding(self, instance_id: int) -> int:
         return self._outstanding.get(instance_id, 0)

@@ -171,6 +171,20 @@ class RunDir:
             [r for r in rows if r.get("end_s", time_s) <= time_s],
         )
 
+    def keep_stopped_cpu_rows(
+        self, next_step: int, time_s: float, rows: list[dict[str, float]]
+    ) -> None:
+        """A part stopped before its save (SIGTERM, Ctrl-C, an error) started at
+        ``next_step`` and ``time_s``: its CPU timeline rows after the earlier parts' in
+        ``cpu_timeline.csv``, where the part resuming it finds them (:meth:`earlier_part`
+        keeps those before its checkpoint)."""
+        if not rows:
+            return
+        import pandas as pd
+
+        kept = self.earlier_part(next_step, time_s).cpu_rows + rows
+        write_atomic(self.path / CPU_TIMELINE_FILE, pd.DataFrame(kept).to_csv(index=False).encode())
+
     def keep_earlier(self, earlier: EarlierPart) -> None:
         """Put an earlier part's step records back in ``steps.json`` over the ones this part
         rebuilt from its checkpoint (which lack the timings only the live loop knew)."""

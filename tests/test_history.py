@@ -89,3 +89,27 @@ def test_a_fresh_run_drops_a_journal_left_without_a_checkpoint(tmp_path):
     assert resume_position(ckpt, slims[1]).next_step == 2  # with a checkpoint: restored
     assert resume_position(ckpt, None) is None  # none landed: a fresh run, no stale lines
     assert not journal.path.exists()
+
+
+def test_a_server_busy_through_the_checkpoints_has_its_generation_journaled(tmp_path):
+    """A ``pipeline`` server never goes idle: its busy span, open at each checkpoint, is
+    cut there, so a run stopped later resumes with the generation before its checkpoint
+    (it had none: timeline.png showed the server idle, generation_utilization too low)."""
+    rec = Recorder()
+    journal = HistoryJournal(journal_path(tmp_path / "checkpoints" / "last.pt"))
+    slims = []
+    rec.sent(0, 0.0)  # a request in flight from the start to the end
+    for step in range(3):
+        rec.sent(0, step + 0.1)
+        rec.completion(completion(request(step), 0, step + 0.5))
+        rec.returned(0, step + 0.5, step)
+        rec.trained([step], step)
+        delta = rec.journal_delta(step, step + 1.0)
+        journal.append(delta)
+        slims.append(DataPosition(delta.next_step, delta.time_s, [], [], [], journal=True))
+    full = journal.restore(slims[1])  # stopped after step 1's checkpoint
+    decode = [(s.start_s, s.end_s) for s in full.spans if s.kind == SpanKind.DECODE]
+    assert decode == [(0.0, 1.0), (1.0, 2.0)]  # busy from 0 s to the checkpoint at 2 s
+    rec.returned(0, 3.5, 2)  # the run goes on: the rest of the span, not all of it again
+    assert [(s.start_s, s.end_s) for s in rec.spans] == [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0),
+                                                          (3.0, 3.5)]  # fmt: skip

@@ -141,3 +141,36 @@ def test_keys_that_only_say_how_a_run_is_recorded_or_run_may_change_on_resume():
          "live.lend_idle_cores=false", "live.weight_backend=gloo"],
     )  # fmt: skip
     assert training_changes(base, recorded) == []
+
+
+def test_a_part_stopped_before_its_save_leaves_its_cpu_rows_for_the_resume(tmp_path, monkeypatch):
+    """Seen: SIGTERM at step 7, then resume: cpu_timeline.csv had no rows before step 7.
+    A part saves its rows only at its end; a stopped part now writes them as it stops."""
+    import asyncio
+
+    import pandas as pd
+
+    from runtime import live_run
+
+    out = _finished_run(tmp_path)
+    first = [{"start_s": t, "end_s": t + 1.0, "trainer": 0.5} for t in (0.0, 1.0)]
+    pd.DataFrame(first).to_csv(out / "cpu_timeline.csv", index=False)  # a saved first part
+    mine = [{"start_s": t, "end_s": t + 1.0, "trainer": 0.25} for t in (2.0, 3.0, 4.0)]
+
+    class StoppedActor:  # loads the weights, then the run is stopped (SIGTERM unwinds it)
+        def now(self) -> float:
+            return 5.0
+
+        async def push_now(self, version):
+            pass
+
+        async def run(self):
+            raise KeyboardInterrupt("stopped by SIGTERM")
+
+    timeline = type("Timeline", (), {"stop": lambda self: mine})()
+    spec = load_spec(CONFIG, [DEAD_SERVER])
+    keep = live_run._stopped_cpu_rows(RunDir(out), 2, 2.0)  # this part began at step 2, 2 s
+    monkeypatch.setattr(live_run, "_cpu_timeline", lambda *args: timeline)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(live_run._run_clocked(spec, StoppedActor(), None, None, 2, True, keep))
+    assert RunDir(out).earlier_part(next_step=4, time_s=4.0).cpu_rows == first + mine[:2]

@@ -1,9 +1,17 @@
-"""Resuming a live run: the prompt source hands out every untrained sample exactly once."""
+"""Resuming a live run: the prompt source hands out every untrained sample exactly once;
+the trainer sees each sample's weight version in its own (global) numbering."""
 
-from runtime.live_run import ResumablePrompts
+import asyncio
+
+import pytest
+from test_server_faults import BATCH, CONFIG, FakeClient, FakeTrainer, FakeWorld
+
+from policies.spec import load_spec
+from runtime.live_run import ResumablePrompts, make_actor
+from runtime.recorder import Recorder
 from runtime.tasks import TaskPromptSource, TaskSet
 
-BATCH, GROUP = 8, 4
+GROUP = 4
 
 
 def _source() -> TaskPromptSource:
@@ -38,3 +46,44 @@ def test_a_resumed_pipeline_run_regenerates_earlier_untrained_groups_first():
     for k in range(0, len(ids), GROUP):  # groups stay whole and in order
         assert len({s // GROUP for s in ids[k : k + GROUP]}) == 1
     assert all(prompts.iteration_of[s] == s // BATCH for s in ids)
+
+
+class _LagTrainer(FakeTrainer):
+    """A fake trainer at a resumed run's global version: each trained sample's lag, as
+    ``runtime.trainer.Trainer`` computes it (its version minus the sample's)."""
+
+    def __init__(self, world: FakeWorld, version: int) -> None:
+        super().__init__(world)
+        self.version, self.lags = version, []
+
+    async def train(self, items, now_s):
+        self.lags += [self.version - it.version_start for it in items]
+        return await super().train(items, now_s)
+
+    async def step(self, step, now_s):
+        self.version = step + 1
+        return await super().step(step, now_s)
+
+
+@pytest.mark.parametrize(("mode", "max_lag"), [("disagg-sync", 0), ("pipeline", 1)])
+def test_a_resumed_runs_lags_count_in_the_trainers_global_versions(mode, max_lag):
+    """Resumed at step 3, the trainer is at version 3 and the servers serve version 3: a
+    sample's version must reach the trainer in that numbering, not the resumed
+    controller's (which counts from 0 and made every lag 3 too large)."""
+    offset, iterations = 3, 6
+    spec = load_spec(CONFIG, [f"pipeline.mode={mode}", f"run.iterations={iterations}",
+                              f"algorithm.batch_size={BATCH}", "live.num_servers=1"])  # fmt: skip
+    world = FakeWorld(1)
+    world.served[0] = offset
+    trainer = _LagTrainer(world, offset)
+    trained = set(range(offset * BATCH))  # the first part's steps trained these
+    actor = make_actor(spec, {0: FakeClient(0, world)}, trainer, Recorder(), trained, offset,
+                       None, None, None, "gloo")  # fmt: skip
+
+    async def run() -> None:
+        await actor.push_now(offset)
+        await asyncio.wait_for(actor.run(), 30)
+
+    asyncio.run(run())
+    assert len(trainer.lags) == (iterations - offset) * BATCH
+    assert set(trainer.lags) <= set(range(max_lag + 1)) and 0 in trainer.lags
