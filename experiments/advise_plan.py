@@ -20,11 +20,12 @@ from experiments.advise_space import (
     SearchAxes,
     canonical,
     enumerate_candidates,
+    enumerate_policies,
     input_candidate,
 )
 from policies.build import build_allocation, mode_of
 from policies.rng import RngStreams
-from policies.spec import RunSpec
+from policies.spec import RunSpec, SpecError
 from sim.cluster import resolve_cluster
 from sim.workload import Workload
 
@@ -61,6 +62,12 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
     axes = apply_axes(
         default_axes(base, options.max_staleness, options.objective), list(options.axes)
     )
+    if not enumerate_policies(axes):  # e.g. dispatch=skewness-aware with predictor=none
+        raise SpecError(
+            f"--axis: no policy combination the spec accepts (dispatch "
+            f"{','.join(axes.dispatches)} with predictor {','.join(axes.predictors)}): "
+            "skewness-aware dispatch needs a length predictor other than none"
+        )
     tps, left_out = feasible_tps(estimator, axes.tps)
     axes = with_extra_splits(axes, alg1_splits(estimator, axes))
     the_input = _input(base, estimator)

@@ -119,6 +119,13 @@ def test_bad_axes_are_errors_naming_the_axis(axis, message):
         plan_space(small_spec(), SpaceOptions(axes=(axis,)))
 
 
+def test_axes_that_leave_no_valid_policy_are_an_error_saying_why():
+    """Before: the search ran on the input spec alone ('1 candidates, 100% covered')."""
+    axes = ("dispatch=skewness-aware", "predictor=none")
+    with pytest.raises(SpecError, match="needs a length predictor other than none"):
+        plan_space(small_spec(), SpaceOptions(axes=axes))
+
+
 def test_a_tp_axis_that_fits_nowhere_is_an_error_saying_why():
     """Seen: ``--axis tp=3`` (28 heads do not split in 3) collapsed the space to the input
     alone: '1 candidates, 100% covered'."""
