@@ -84,6 +84,7 @@ class Estimator:
             batch_size=spec.algorithm.batch_size,
             prompt_tokens=workload.mean_prompt_tokens,
             output_tokens=workload.sample_lengths(NUM_LENGTH_SAMPLES),
+            micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
         )
         return cls(spec, Inventory.of(spec), stages, cost)
 

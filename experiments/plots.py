@@ -108,21 +108,49 @@ def cpu_panel(ax: plt.Axes, cpu: pd.DataFrame) -> None:
 def sweep_summary(
     frame: pd.DataFrame, keys: list[str], path: Path, metric: str = "throughput_samples_per_s"
 ) -> Path:
-    """The metric against the first grid key, one line per combination of the others."""
+    """The metric against the first grid key, one series per combination of the others."""
+    save_figure(sweep_figure(frame, keys, metric), path)
+    return path
+
+
+def sweep_figure(frame: pd.DataFrame, keys: list[str], metric: str) -> plt.Figure:
+    """A numeric first key: lines over its sorted values. A categorical one (modes,
+    policies): grouped bars in the grid's order, nothing joining them, labels slanted."""
     ok = frame[frame["error"].isna()] if "error" in frame else frame
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x, rest = keys[0], keys[1:]
-    groups = ok.groupby(rest) if rest else [((), ok)]
-    for label, group in groups:
-        group = group.sort_values(x)
-        name = ", ".join(
-            f"{k}={v}" for k, v in zip(rest, label if isinstance(label, tuple) else (label,))
-        )
-        ax.plot(group[x].astype(str), group[metric], marker="o", label=name or metric)
+    groups = list(ok.groupby(rest, sort=False)) if rest else [((), ok)]
+    series = [(_series_name(rest, label) or metric, group) for label, group in groups]
+    if _is_numeric(ok[x]):
+        for name, group in series:
+            group = group.sort_values(x)
+            ax.plot(group[x].astype(str), group[metric], marker="o", label=name)
+    else:
+        _grouped_bars(ax, series, x, metric)
     ax.set_xlabel(x)
     ax.set_ylabel(metric.replace("_", " "))
     ax.set_title(f"sweep: {metric}")
     if rest:
         ax.legend(fontsize=7)
-    save_figure(fig, path)
-    return path
+    return fig
+
+
+def _series_name(keys: list[str], label: object) -> str:
+    values = label if isinstance(label, tuple) else (label,)
+    return ", ".join(f"{k}={v}" for k, v in zip(keys, values))
+
+
+def _is_numeric(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+
+
+def _grouped_bars(
+    ax: plt.Axes, series: list[tuple[str, pd.DataFrame]], x: str, metric: str
+) -> None:
+    """One bar per (category, series), categories in the order the grid gave them."""
+    categories = list(dict.fromkeys(v for _, g in series for v in g[x].astype(str)))
+    width = 0.8 / len(series)
+    for k, (name, group) in enumerate(series):
+        at = [categories.index(v) - 0.4 + width * (k + 0.5) for v in group[x].astype(str)]
+        ax.bar(at, group[metric], width=width, label=name)
+    ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right", fontsize=8)

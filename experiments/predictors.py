@@ -179,8 +179,16 @@ def eval_table(report: dict[str, Any]) -> Table:
     t = report["timings"]
     table.add_row("fit_s", f"{t['fit_s']:.2f}", "", "", "")
     table.add_row("predict_s", f"{t['predict_s']:.2f}", "", "", "")
-    table.caption = f"fit_s, predict_s: wall seconds on {t['num_rows']} rows of the trace"
+    table.caption = f"fit_s, predict_s: wall seconds on {_timed_rows(t)}"
     return table
+
+
+def _timed_rows(t: dict[str, Any]) -> str:
+    """What the timings ran on: the trace's rows, or a resample of them."""
+    num, trace = t["num_rows"], t.get("trace_rows", t["num_rows"])
+    if trace < num:
+        return f"{num} rows resampled (with repeats) from the trace's {trace}"
+    return f"{num} of the trace's {trace} rows"
 
 
 # -- the end effect in the sim ------------------------------------------------------------

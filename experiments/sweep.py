@@ -41,6 +41,12 @@ DEFAULT_WORKERS = 2  # local worker processes when none are asked for
 
 
 @dataclass(frozen=True, slots=True)
+class SweepResult:
+    frame: pd.DataFrame  # one row per point, in the grid's order
+    num_already_done: int  # points a resumed sweep found done and did not simulate again
+
+
+@dataclass(frozen=True, slots=True)
 class GridAxis:
     key: str
     values: tuple[Any, ...]
@@ -119,7 +125,7 @@ def _done_rows(out: Path, points: list[dict]) -> dict[int, dict]:
 def run_sweep(
     base: RunSpec, axes: list[GridAxis], out: Path, workers: int | None = None,
     quiet: bool = False, point_timeout_s: float | None = None, ray_address: str | None = None,
-) -> pd.DataFrame:  # fmt: skip
+) -> SweepResult:  # fmt: skip
     """Every point of the grid ``axes`` over ``base``, simulated into ``out``; the table.
 
     ``ray_address``: None runs the points in ``workers`` local processes (default 2);
@@ -139,15 +145,17 @@ def run_sweep(
         bar.advance(task)
 
     jobs = [(i, p) for i, p in enumerate(points) if i not in rows]
+    num_done = len(rows)
     with (
         _pool(base, out, workers, point_timeout_s, ray_address) as pool,
-        Progress(disable=quiet) as bar,
+        Progress(disable=quiet or not jobs) as bar,  # nothing left: no bar without an ETA
     ):
-        task = bar.add_task("sweep", total=len(points), completed=len(rows))
+        name = f"sweep ({num_done} already done)" if num_done else "sweep"
+        task = bar.add_task(name, total=len(points), completed=num_done)
         run_jobs(pool, jobs, on_row)
     frame = pd.DataFrame([rows[i] for i in sorted(rows)]).reset_index(drop=True)
     _save(frame, out)
-    return frame
+    return SweepResult(frame, num_done)
 
 
 @contextlib.contextmanager

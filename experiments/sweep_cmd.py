@@ -87,13 +87,15 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
     check_untracked(spec, [axis.key for axis in axes])
     check_point_specs(spec, points)  # so is an impossible point, before any point runs
     out = check_out_dir(args.out)
-    frame = run_sweep(
+    result = run_sweep(
         spec, axes, out, args.workers, point_timeout_s=args.point_timeout, ray_address=args.ray
     )
+    frame = result.frame
     failed = frame["error"].notna().sum()
     if failed < len(frame):
         sweep_summary(frame, [a.key for a in axes], out / "summary.png")
-    console.print(f"{len(frame)} points, {failed} failed; results in [bold]{out}[/bold]")
+    done = f" ({result.num_already_done} already done)" if result.num_already_done else ""
+    console.print(f"{len(frame)} points{done}, {failed} failed; results in [bold]{out}[/bold]")
     for _, row in frame[frame["error"].notna()].iterrows():
         console.print(f"[red]point {row['point']} failed[/red]: {row['error']}")
     if failed == len(frame) and frame["error"].str.startswith("SpecError").all():

@@ -2,15 +2,19 @@
 
 * ``fixed`` keeps the cluster as written.
 * ``balanced`` (StreamRL Alg. 1) enumerates (generation GPUs, training GPUs) splits of one
-  datacenter's pool and keeps the one minimising ``max(T_gen, T_train)``. When generation
-  and training sit in different datacenters (or on different hardware) GPUs cannot move
-  between the stages, so the faster stage is shrunk until the two stage times match.
+  datacenter's pool and keeps the one minimising ``max(T_gen, T_train)`` (ties: the smaller
+  ``T_gen + T_train``, then the fewer trainer GPUs). When generation and training sit in
+  different datacenters (or on different hardware) GPUs cannot move between the stages,
+  so the faster stage is shrunk until the two stage times match, and the trainer to the
+  GPUs one batch can keep busy.
 * ``elastic`` starts as ``fixed`` and, after each iteration, adds generation instances
   when ``Δ = T_gen − T_train`` exceeds ``Δ′``, the time one more node of instances would save.
 
 Stage times come from :class:`StageModel`: generation drains a batch whose lengths follow
 the workload's distribution (batch shrinking as sequences finish, priced step by step with
-the cost model's decode time), training prices the batch's tokens with the cost model.
+the cost model's decode time), training prices the batch's tokens with the cost model on
+the GPUs the batch keeps busy (:func:`policies.data_parallel.busy_trainer_gpus`: at most
+one per micro-batch of ``micro_batch_per_gpu`` samples), as the simulator's trainer does.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from policies.cluster import ClusterSection, GenerationPool
+from policies.data_parallel import busy_trainer_gpus
 from policies.protocols import CostModel, Device
 from policies.registry import Factories, Registry
 
@@ -35,6 +40,7 @@ class StageModel:
     batch_size: int
     prompt_tokens: float
     output_tokens: Sequence[int]  # a sample of output lengths (any size)
+    micro_batch_per_gpu: int = 1  # samples per trainer GPU per micro-batch
 
     def generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
         """Time for ``num_gpus`` of ``pool`` to generate one batch split evenly."""
@@ -61,8 +67,15 @@ class StageModel:
         return total
 
     def training_s(self, hardware: str, num_gpus: int) -> float:
+        """Forward and backward of one batch on ``num_gpus``, of which only as many as the
+        batch has micro-batches do work (``busy_trainer_gpus``)."""
         tokens = self.batch_size * (self.prompt_tokens + float(np.mean(self.output_tokens)))
-        return self.cost.train_s(Device(hardware, num_gpus), int(tokens))
+        busy = busy_trainer_gpus(num_gpus, self.batch_size, self.micro_batch_per_gpu)
+        return self.cost.train_s(Device(hardware, busy), int(tokens))
+
+    def useful_trainer_gpus(self) -> int:
+        """The most trainer GPUs one batch keeps busy: one per micro-batch."""
+        return math.ceil(self.batch_size / self.micro_batch_per_gpu)
 
 
 class AllocationPolicy(Protocol):
@@ -110,13 +123,20 @@ class BalancedAllocation:
     def _best_split(
         pool: GenerationPool, cluster: ClusterSection, model: StageModel
     ) -> tuple[int, int]:
+        """The split minimising the slower stage; among equal ones, the smaller sum of the
+        stage times, then the fewer trainer GPUs (a batch that cannot keep more busy gives
+        the rest to generation rather than to an idle trainer)."""
         total = pool.num_gpus + cluster.trainer.num_gpus
         best = (pool.num_gpus, cluster.trainer.num_gpus)
-        best_time = math.inf
+        best_key = (math.inf, math.inf, total)
         for gen in range(pool.tp, total, pool.tp):
-            t = max(model.generation_s(pool, gen), model.training_s(pool.hardware, total - gen))
-            if t < best_time:
-                best, best_time = (gen, total - gen), t
+            t_gen, t_train = (
+                model.generation_s(pool, gen),
+                model.training_s(pool.hardware, total - gen),
+            )
+            key = (max(t_gen, t_train), t_gen + t_train, total - gen)
+            if key < best_key:
+                best, best_key = (gen, total - gen), key
         return best
 
     @staticmethod
@@ -133,7 +153,7 @@ class BalancedAllocation:
             trainer_hw = cluster.trainer.hardware
             while train > 1 and model.training_s(trainer_hw, train - 1) <= t_gen:
                 train -= 1
-        return gen, train
+        return gen, min(train, model.useful_trainer_gpus())
 
 
 @ALLOCATION.register("elastic")

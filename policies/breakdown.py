@@ -6,9 +6,10 @@ checkpoint and reports included; else ``end_s``). The trainer's timeline over th
 is split without overlap, in this order of precedence: pushing weights (``weight_sync``
 spans of the trainer), a colocated context switch beyond its push, training (``train``
 spans), and waiting (no trainer span: the trainer had nothing to do). Training and
-waiting are split further with what the live executor measures inside each step: the
-optimizer step and the checkpoint (inside its train span), and the bookkeeping (its
-hooks, inside the span; tracking and progress reports, after it). Beside the partition,
+waiting are split further with what the executor measures inside each step: the
+optimizer step (live and simulated) and, live only, the checkpoint (inside its train
+span) and the bookkeeping (its hooks, inside the span; tracking and progress reports,
+after it). Beside the partition,
 two overlapping figures: the time any generation instance was generating, and the mean
 time an instance was paused for a weight update.
 """

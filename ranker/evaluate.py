@@ -130,7 +130,8 @@ def heldout_prompts_report(
 
 
 def timings(trace: pd.DataFrame, model: str, num_rows: int = TIMING_ROWS) -> dict[str, float]:
-    """Wall seconds to fit and to predict ``num_rows`` rows resampled from ``trace``."""
+    """Wall seconds to fit and to predict ``num_rows`` rows resampled from ``trace`` (with
+    repeats where the trace is shorter); ``trace_rows``: the trace's own row count."""
     rows = trace.sample(n=num_rows, replace=len(trace) < num_rows, random_state=0)
     rows = rows.reset_index(drop=True)
     ranker = RankerPredictor(model)
@@ -139,7 +140,7 @@ def timings(trace: pd.DataFrame, model: str, num_rows: int = TIMING_ROWS) -> dic
     t1 = time.perf_counter()
     ranker.predict_tokens(rows)
     t2 = time.perf_counter()
-    return {"num_rows": num_rows, "fit_s": t1 - t0, "predict_s": t2 - t1}
+    return {"num_rows": num_rows, "trace_rows": len(trace), "fit_s": t1 - t0, "predict_s": t2 - t1}
 
 
 def as_json(report: Any) -> Any:

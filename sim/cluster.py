@@ -39,6 +39,7 @@ def resolve_cluster(
         batch_size=spec.algorithm.batch_size,
         prompt_tokens=workload.mean_prompt_tokens,
         output_tokens=workload.sample_lengths(4096),
+        micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
     )
     return allocation.allocate(cluster, model)
 

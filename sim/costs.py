@@ -13,15 +13,17 @@ Modelling assumptions (roofline, per operator; efficiencies in ``sim.efficiency`
   and memory time. Kernels of a step run one after the other, so operators add, plus a
   fixed ``step_overhead_s``. Decode time is affine in context tokens, which is what makes
   exact fast-forward possible.
-* Training costs ``k·P`` FLOPs per token at ``train_mfu`` over the trainer's GPUs, with
+* Training costs ``k·P`` FLOPs per token at ``train_mfu`` over the GPUs of ``device`` (the
+  simulator passes only those the job keeps busy: ``policies.data_parallel``), with
   k = 6 for GRPO (actor forward+backward, +2 with a reference KL) and k = 18 for PPO
   (actor and critic forward+backward, reference, old-log-prob and value forwards);
   the Adam step moves 32 bytes per trained parameter through HBM.
 * Weight transfer: bf16 bytes over the link bandwidth plus latency.
 * KV capacity: ``gpu_memory_utilization`` of HBM minus the weights, per instance.
 
-Known biases: no tensor-parallel communication, no attention-kernel detail beyond its
-roofline, perfectly token-balanced data parallelism in training.
+Known biases: no tensor-parallel communication and no gradient all-reduce, no
+attention-kernel detail beyond its roofline, perfectly token-balanced data parallelism over
+the busy GPUs in training.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from policies.build import (
     mode_of,
 )
 from policies.cluster import GenerationPool
+from policies.data_parallel import busy_trainer_gpus
 from policies.modes.events import (
     Command,
     ContextSwitched,
@@ -222,13 +223,20 @@ class _World:
         for inst in self.instances.values():
             inst.engine.set_contended(busy)
 
+    def _train_device(self) -> Device:
+        """The trainer GPUs a step's batch keeps busy (``busy_trainer_gpus``: at most one
+        per micro-batch); every job of the step is priced on them."""
+        t, algorithm = self.cluster.trainer, self.spec.algorithm
+        busy = busy_trainer_gpus(t.num_gpus, algorithm.batch_size, algorithm.micro_batch_per_gpu)
+        return Device(t.hardware, busy)
+
     def _make_trainer(self) -> SimTrainer:
         t = self.cluster.trainer
-        device = Device(t.hardware, t.num_gpus)
+        device, busy = Device(t.hardware, t.num_gpus), self._train_device()
         return SimTrainer(
             self.env,
-            train_ticks=lambda tokens: to_ticks(self.cost.train_s(device, tokens)),
-            contended_train_ticks=self._contended_train_ticks(device),
+            train_ticks=lambda tokens: to_ticks(self.cost.train_s(busy, tokens)),
+            contended_train_ticks=self._contended_train_ticks(busy),
             generation_busy=lambda: any(i.engine.num_running for i in self.instances.values()),
             optimizer_ticks=to_ticks(self.cost.optimizer_s(device)),
             on_step_done=self._step_done,
@@ -366,6 +374,7 @@ class _World:
                 "num_samples": s.num_samples,
                 "num_tokens": s.num_tokens,
                 "busy_s": s.busy_s,
+                "optimizer_s": self.trainer.optimizer_s.get(s.step),
             }
             for s in self.steps
         ]

@@ -1,9 +1,17 @@
 """The trainer as a SimPy process: a FIFO of forward/backward jobs and optimizer steps.
 
 Modelling assumptions: data parallel over the trainer's GPUs with token-balanced
-micro-batches (time = tokens × FLOPs per token / (GPUs × peak × MFU)); the optimizer step
-is memory-bound; jobs run in the order the controller issued them, so a stream mode's
-micro-batches for step s+1 wait behind step s's optimizer step.
+micro-batches of ``algorithm.micro_batch_per_gpu`` samples (time = tokens × FLOPs per
+token / (busy GPUs × peak × MFU)). A step's batch of ``B`` samples keeps
+``min(GPUs, ceil(B / micro_batch_per_gpu))`` GPUs busy
+(:func:`policies.data_parallel.busy_trainer_gpus`): a sample is never split, so GPUs past
+one per micro-batch add nothing; every job of the step is priced on those. The optimizer
+step is memory-bound, its states sharded over every GPU, and is its own job (its time per
+step: ``SimTrainer.optimizer_s``); jobs run in the order the controller issued them, so a
+stream mode's micro-batches for step s+1 wait behind step s's optimizer step.
+
+Known biases: no gradient all-reduce; work is balanced by tokens over the busy GPUs, so
+a stream mode's last, smaller micro-batch of a step is priced as if it kept them all busy.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ Proc = Generator[simpy.Event, object, None]
 class _StepProgress:
     start_ticks: int | None = None
     busy_ticks: int = 0
+    optimizer_ticks: int = 0
     num_samples: int = 0
     num_tokens: int = 0
 
@@ -52,6 +61,7 @@ class SimTrainer:
         self._on_span = on_span
         self.jobs: simpy.Store = simpy.Store(env)
         self._progress: dict[int, _StepProgress] = {}
+        self.optimizer_s: dict[int, float] = {}  # step -> its optimizer step's seconds
 
     def submit(self, job: TrainSamples | OptimizerStep) -> None:
         self.jobs.put(job)
@@ -71,6 +81,7 @@ class SimTrainer:
             else:
                 yield self.env.timeout(self._optimizer_ticks)
                 progress.busy_ticks += self.env.now - start
+                progress.optimizer_ticks += self.env.now - start
             self._on_span(
                 Span(
                     TRAINER,
@@ -82,7 +93,9 @@ class SimTrainer:
                 )
             )
             if isinstance(job, OptimizerStep):
-                self._on_step_done(self._stats(job.step, self._progress.pop(job.step)))
+                done = self._progress.pop(job.step)
+                self.optimizer_s[job.step] = to_seconds(done.optimizer_ticks)
+                self._on_step_done(self._stats(job.step, done))
 
     def _set_busy(self, busy: bool) -> None:
         if busy != self.busy:

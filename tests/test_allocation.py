@@ -116,6 +116,27 @@ def test_balanced_cross_datacenter_shrinks_the_faster_stage():
     assert (out.generation[0].num_gpus, out.trainer.num_gpus) == (1, 4)
 
 
+def test_training_s_stops_falling_past_one_gpu_per_micro_batch():
+    # 64 samples of 10 tokens: 640 token-seconds over the busy GPUs, at most one GPU per
+    # micro-batch (64 of one sample, 16 of four samples)
+    m = _model()
+    assert [m.training_s("H800", g) for g in (16, 64, 128)] == pytest.approx([40.0, 10.0, 10.0])
+    m4 = StageModel(UnitCost(), 64, 0.0, [10] * 100, micro_batch_per_gpu=4)
+    assert [m4.training_s("H800", g) for g in (8, 16, 64)] == pytest.approx([80.0, 40.0, 40.0])
+
+
+def test_balanced_gives_the_trainer_no_gpu_a_tiny_batch_cannot_use():
+    # a batch of 2: training is 20 / min(GPUs, 2) s, generation 10 s on any number of GPUs;
+    # every split from 2 trainer GPUs up ties at 10 s, so the trainer keeps just 2
+    tiny = StageModel(cost=UnitCost(), batch_size=2, prompt_tokens=0.0, output_tokens=[10] * 100)
+    out = BalancedAllocation().allocate(_cluster(8, 8), tiny)
+    assert (out.generation[0].num_gpus, out.trainer.num_gpus) == (14, 2)
+    # across datacenters, a trainer slower than generation still drops GPUs it cannot use
+    slow = StageModel(UnitCost(), 2, 100.0, [10] * 100)  # 220 / min(GPUs, 2) s of training
+    out = BalancedAllocation().allocate(_cluster(2, 32, gen_dc="dc1"), slow)
+    assert out.trainer.num_gpus == 2
+
+
 @pytest.mark.parametrize("policy", [BalancedAllocation(), ElasticAllocation()])
 def test_balanced_and_elastic_need_one_pool_and_say_which_policy(policy):
     cluster = ClusterSection.model_validate({"generation": [{"num_gpus": 2}, {"num_gpus": 2}]})

@@ -80,4 +80,6 @@ def test_every_simulated_step_in_steps_json_has_its_breakdown(tmp_path):
         parts = step["breakdown"]
         assert sum(parts[k] for k in PARTITION) == pytest.approx(parts["window_s"])
         assert parts["train_s"] > 0 and parts["generate_s"] > 0
+        assert step["optimizer_s"] > 0  # the simulated optimizer step, on its own
+        assert parts["optimizer_s"] == pytest.approx(step["optimizer_s"])
     assert "breakdown" not in result.steps[0]  # the run's own records stay as they were

@@ -55,6 +55,17 @@ def test_eval_of_undefined_rank_correlations_writes_valid_json(tmp_path):
     assert report["later_epoch"]["ranker"]["spearman"] is None
 
 
+def test_eval_says_how_many_rows_the_trace_has_beside_the_timed_ones(tmp_path, capsys):
+    """Seen: 'wall seconds on 10000 rows of the trace' for a trace of 20 rows."""
+    prompts = [f"p{i}" for i in range(10)]
+    frame = pd.DataFrame({"prompt": prompts * 2, "output_tokens": range(3, 23)})
+    trace, model = _fit(tmp_path, frame)
+    capsys.readouterr()
+    assert main(["ranker", "eval", str(model), str(trace)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "wall seconds on 10000 rows resampled (with repeats) from the trace's 20" in said
+
+
 def test_eval_of_one_prompt_says_it_is_too_few_to_hold_out(tmp_path, capsys):
     """Seen: 'cannot fit a ranker on an empty trace' for a trace of one prompt."""
     trace, model = _fit(

@@ -51,7 +51,17 @@ def test_a_second_sweep_into_the_same_out_skips_the_points_done(tmp_path, capsys
     assert main(["sweep", "streamrl-7b", *GRID, *SMALL, "--out", str(out)]) == 1
     assert (done.stat().st_mtime_ns, done.read_text()) == stamp  # not simulated again
     assert failed.stat().st_mtime_ns != failed_stamp  # the failed point ran again
-    assert "2 points, 1 failed" in _flat(capsys.readouterr().out)
+    assert "2 points (1 already done), 1 failed" in _flat(capsys.readouterr().out)
+
+
+def test_a_sweep_run_again_when_every_point_is_done_says_so(tmp_path, capsys):
+    """Before: '2 points, 0 failed' beside a progress bar with no ETA, as if run again."""
+    out = tmp_path / "sweep"
+    grid = ["--grid", "run.seed=1,2", "--set", "run.iterations=1", *SMALL, "--out", str(out)]
+    assert main(["sweep", "streamrl-7b", *grid]) == 0
+    assert "2 points, 0 failed" in _flat(capsys.readouterr().out)
+    assert main(["sweep", "streamrl-7b", *grid]) == 0
+    assert "2 points (2 already done), 0 failed" in _flat(capsys.readouterr().out)
 
 
 def test_another_grid_into_the_same_out_is_refused(tmp_path, capsys):

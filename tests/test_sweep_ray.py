@@ -240,5 +240,5 @@ def test_a_second_ray_sweep_into_the_same_out_skips_the_points_done(
     assert {k: v for k, v in again.items() if k not in WALL_METRICS} == {
         k: v for k, v in first.items() if k not in WALL_METRICS
     }
-    assert "2 points, 0 failed" in _flat(capsys.readouterr().out)
+    assert "2 points (1 already done), 0 failed" in _flat(capsys.readouterr().out)
     assert pd.read_parquet(out / "results.parquet")["point"].tolist() == [0, 1]
