@@ -9,7 +9,10 @@ plain ``transformers`` ``generate`` (no vLLM), one generation batch per optimize
   the spec's seed, prompt count and output cap), sent as plain completion prompts, as
   tandem's actor sends them; step ``k`` trains the prompts of tandem's iteration ``k``
   (:class:`runtime.tasks.TaskPromptSource`, dataset order, no shuffling);
-* the same reward (:meth:`runtime.tasks.TaskSet.reward` of each completion's text), the
+* the same reward on the same text (:meth:`runtime.tasks.TaskSet.reward` of
+  :func:`runtime.tasks.completion_text` of each completion's token ids, not of TRL's
+  text, which its ``skip_special_tokens`` decode left without the ``<pad>`` and ``<unk>``
+  the model emitted), the
   batch shape (``batch_size`` samples = ``batch_size / group_size`` prompts ×
   ``num_generations = group_size``), at most ``max_output_tokens`` new tokens, the
   temperature, learning rate and clip epsilon of the spec, on CPU with ``threads``
@@ -37,7 +40,7 @@ from typing import Any
 
 from experiments.peers_rates import StepPoint, StepSeries
 from runtime.errors import MissingExtra
-from runtime.tasks import TaskPromptSource, TaskSet
+from runtime.tasks import TaskPromptSource, TaskSet, completion_text
 
 PEERS_INSTALL_HINT = "pip install 'tandem-rl[peers]' (or: pip install 'trl>=1.16')"
 WARMUP_STEPS = 1
@@ -103,8 +106,9 @@ class TaskReward:
     """TRL reward function over :meth:`TaskSet.reward`; counts what it scores.
 
     TRL calls it with the dataset's extra columns as keyword lists (``prompt_id``) and
-    with every completion's token ids; :meth:`take` returns and resets the counts and
-    the rewards' sum."""
+    with every completion's token ids (up to and with its first ``<eos>``), which it scores
+    as tandem's actor does (:func:`completion_text`); :meth:`take` returns and resets the
+    counts and the rewards' sum."""
 
     def __init__(self, tasks: TaskSet) -> None:
         self.__name__ = "task_reward"  # TRL names its reward metrics after it
@@ -115,11 +119,12 @@ class TaskReward:
 
     def __call__(
         self, completions: Sequence[str], prompt_id: Sequence[int],
-        completion_ids: Sequence[Sequence[int]] | None = None, **_: Any,
+        completion_ids: Sequence[Sequence[int]], **_: Any,
     ) -> list[float]:  # fmt: skip
         self.num_samples += len(completions)
-        self.completion_tokens += sum(len(ids) for ids in completion_ids or [])
-        rewards = [self.tasks.reward(int(p), c) for p, c in zip(prompt_id, completions)]
+        self.completion_tokens += sum(len(ids) for ids in completion_ids)
+        texts = [completion_text(ids) for ids in completion_ids]
+        rewards = [self.tasks.reward(int(p), t) for p, t in zip(prompt_id, texts)]
         self.reward_sum += sum(rewards)
         return rewards
 

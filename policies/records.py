@@ -65,6 +65,7 @@ class Completion:
     logprobs: tuple[float, ...] | None = None  # sampling log-probs (live only)
     reward: float | None = None  # verifiable reward (live only)
     version_prompt: int | None = None  # weights its prompt KV came from; None: version_start
+    text: str | None = None  # the text the reward scored (live only)
 
     @property
     def sample_id(self) -> int:
@@ -144,6 +145,8 @@ class SampleRecord:
     version_trained: int | None
     reward: float | None
     version_prompt: int | None = None  # weights its prompt KV came from (>= version_start)
+    completion_text: str | None = None  # what the reward scored (live only)
+    completion_token_ids: tuple[int, ...] | None = None  # generated, <eos> included (live)
 
     @property
     def staleness(self) -> int | None:
@@ -177,6 +180,8 @@ class SampleRecord:
             version_trained=train_step,
             reward=c.reward,
             version_prompt=c.prompt_version,
+            completion_text=c.text,
+            completion_token_ids=c.token_ids,
         )
 
 

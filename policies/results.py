@@ -273,10 +273,18 @@ class RunResult:
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    """A parquet row with missing values as None and numpy scalars as Python ones."""
+    """A parquet row with missing values as None, numpy scalars as Python ones and numpy
+    arrays (a list column: ``completion_token_ids``) as tuples."""
+    return {k: _plain_value(v) for k, v in row.items()}
+
+
+def _plain_value(value: Any) -> Any:
+    import numpy as np
     import pandas as pd
 
-    return {k: None if pd.isna(v) else getattr(v, "item", lambda v=v: v)() for k, v in row.items()}
+    if isinstance(value, np.ndarray):
+        return tuple(value.tolist())
+    return None if pd.isna(value) else getattr(value, "item", lambda: value)()
 
 
 def _parquet_bytes(frame: Any) -> bytes:

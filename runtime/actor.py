@@ -249,6 +249,7 @@ class Actor:
 
     def _finished(self, out: Generated) -> Any:
         c = out.completion
+        c.text = out.text
         c.reward = self.tasks.reward(c.request.prompt_id, out.text)
         self.recorder.completion(c)
         self._learn_length(c.request, c.output_tokens)

@@ -8,7 +8,9 @@ the per-sample HTTP request, request validation and OpenAI response formatting o
 ``/v1/completions``, which on a CPU core cost as much as decoding the tiny model.
 
 Each line: ``index`` (position in the request), ``token_ids``, ``logprobs`` (the
-sampling log-prob of each token), ``text``, ``prompt_token_ids``, ``finish_reason``
+sampling log-prob of each token), ``text`` (every token but a final ``<eos>``, special
+tokens by name; tandem's reward scores :func:`runtime.tasks.completion_text` of the token
+ids instead), ``prompt_token_ids``, ``finish_reason``
 ``version_start`` / ``version_end`` — the served weight version when the sample was
 added (after any update being loaded; its prompt is cache-salted with it) and when it
 finished (an in-flight update in between makes them differ) — and ``version_prompt``,
@@ -173,13 +175,20 @@ class BatchGenerator:
             "index": index,
             "token_ids": token_ids,
             "logprobs": [float(lp[t].logprob) for lp, t in zip(c.logprobs, token_ids)],
-            "text": self.tokenizer.decode(token_ids, skip_special_tokens=True),
+            "text": self._text(token_ids),
             "prompt_token_ids": list(out.prompt_token_ids),
             "finish_reason": c.finish_reason,
             "version_start": version_start,
             "version_end": self.control.version,
             "version_prompt": self.control.prompt_version(version_start, out),
         }
+
+    def _text(self, token_ids: list[int]) -> str:
+        """Every generated token but a final ``<eos>``, special ones by name: skipping them
+        hid a ``<pad>`` or ``<unk>`` the model emitted (and trains on) from the text."""
+        if token_ids and token_ids[-1] == self.tokenizer.eos_token_id:
+            token_ids = token_ids[:-1]
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
 
 def _sampling_params(sample: SampleBody, body: BatchBody):

@@ -3,7 +3,10 @@
 :meth:`GenerationClient.stream` sends the samples of one dispatch in one request to the
 server's ``/v1/tandem/generate`` and yields each completion the moment the server
 streams it back (see :mod:`runtime.batch_gen`); :meth:`GenerationClient.generate` is the
-one-sample OpenAI ``/v1/completions`` path.
+one-sample OpenAI ``/v1/completions`` path. Either way a completion's text is made here
+from its token ids (:func:`runtime.tasks.completion_text`, one character per token), not
+taken from the server: vLLM's ``/v1/completions`` drops the special tokens the model
+emitted (and trains on), and ``/v1/tandem/generate`` writes them by name.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from policies.records import Completion, FinishReason, Request
 from runtime.engine_proc import SERVED_MODEL_NAME
 from runtime.http_pool import POOL_LIMITS
 from runtime.procs import health_says
+from runtime.tasks import completion_text
 
 # a stream silent this long is broken: a server whose engine steps sends an empty line
 # every 10 s (runtime/batch_gen.py) while no sample finishes
@@ -42,7 +46,7 @@ class Generated:
     """A completion plus what only the live runtime knows about it."""
 
     completion: Completion
-    text: str
+    text: str  # what the reward scores: runtime.tasks.completion_text of the token ids
     prompt_ids: tuple[int, ...]
 
 
@@ -101,7 +105,7 @@ class GenerationClient:
             token_ids=token_ids,
             logprobs=tuple(float(x) for x in choice["logprobs"]["token_logprobs"]),
         )
-        return Generated(completion, choice["text"], tuple(choice["prompt_token_ids"]))
+        return Generated(completion, completion_text(token_ids), tuple(choice["prompt_token_ids"]))
 
     def reconnected(self, base_url: str) -> GenerationClient:
         """A new client for the same instance (a restarted server: fresh connections)."""
@@ -157,7 +161,7 @@ class GenerationClient:
             logprobs=tuple(d["logprobs"]),
             version_prompt=d.get("version_prompt"),
         )
-        return Generated(completion, d["text"], tuple(d["prompt_token_ids"]))
+        return Generated(completion, completion_text(token_ids), tuple(d["prompt_token_ids"]))
 
     async def unwell(self) -> str | None:
         """What the server's ``/health`` says where its engine cannot serve (a 503: stalled,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from runtime.tasks import VOCAB, TaskPrompt, TaskSet
 
-BUILD_VERSION = 2  # bump when the build recipe (or the tasks it trains on) changes
+BUILD_VERSION = 3  # bump when the build recipe (or the tasks it trains on) changes
 
 log = logging.getLogger(__name__)
 BuildProgress = Callable[[int, int, float], None]  # (warm-start step, of steps, loss)
@@ -36,7 +36,6 @@ class TinyModelConfig:
     intermediate_size: int = 384
     num_layers: int = 2
     num_heads: int = 4
-    vocab_size: int = 32  # >= len(VOCAB), padded
     max_position_embeddings: int = 512
     max_output_tokens: int = 128  # answer lengths seen in warm-start
     sft_steps: int = 600
@@ -119,11 +118,14 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
 
 
 def _llama_config(config: TinyModelConfig):  # -> transformers.LlamaConfig
+    """The model's shape; its vocabulary is exactly the tokenizer's (``len(VOCAB)`` ids): a
+    padded one let the model sample ids that decode to no character, which the reward never
+    saw while the trainer trained on them."""
     from transformers import LlamaConfig
 
     eos = VOCAB.index("<eos>")
     return LlamaConfig(
-        vocab_size=config.vocab_size,
+        vocab_size=len(VOCAB),
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_layers,
@@ -145,8 +147,6 @@ def build_tiny_model(
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
-    if len(VOCAB) > config.vocab_size:
-        raise ValueError(f"vocab_size {config.vocab_size} < {len(VOCAB)} task symbols")
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(_llama_config(config))
     tokenizer = build_tokenizer()

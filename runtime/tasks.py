@@ -1,6 +1,6 @@
 """Verifiable string tasks with long-tailed output lengths, for the tiny live model.
 
-Four families over a character vocabulary of 25 symbols (plus 3 special tokens):
+Four families over a character vocabulary of 24 symbols (plus 3 special tokens):
 
 * ``R{k}:{s}=`` — repeat ``s`` (1–3 letters) ``k`` times, each copy followed by a
   two-digit countdown: ``R3:ab=`` → ``ab03ab02ab01``; ``k`` is heavy-tailed (log-normal),
@@ -26,7 +26,11 @@ sampling noise (docs/ranker.md). Every draw comes from the named stream ``tasks`
 :class:`policies.rng.RngStreams`.
 
 The reward is verifiable: the share of answer positions matched exactly, over the longer
-of answer and completion — 1.0 exactly when the completion equals the answer.
+of answer and completion — 1.0 exactly when the completion equals the answer. It scores
+:func:`completion_text` of the generated token ids: one character per token, every token
+but the final ``<eos>``, so a ``<pad>`` or ``<unk>`` the model emits mid-answer is a wrong
+character there (a tokenizer's ``skip_special_tokens`` dropped it: the trainer trained on a
+token the reward never saw).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ SYMBOLS = ":="
 FAMILY_CHARS = "REVN"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 VOCAB: tuple[str, ...] = SPECIAL_TOKENS + tuple(LETTERS + DIGITS + SYMBOLS + FAMILY_CHARS)
+EOS_ID = VOCAB.index("<eos>")
+NO_CHAR = "\ufffd"  # a generated token with no character of its own (in no answer)
+_CHAR_OF = {i: tok for i, tok in enumerate(VOCAB) if tok not in SPECIAL_TOKENS}
 
 
 class Family(StrEnum):
@@ -72,6 +79,16 @@ class TaskPrompt:
     @property
     def expected_output_tokens(self) -> int:
         return len(self.answer) + 1  # the answer and <eos>
+
+
+def completion_text(token_ids: Sequence[int]) -> str:
+    """The text the reward scores: one character per generated token but a final ``<eos>``;
+    a special token (``<pad>``, ``<unk>``, an ``<eos>`` before the end) or an id outside
+    :data:`VOCAB` is :data:`NO_CHAR`, which matches no answer character."""
+    ids = list(token_ids)
+    if ids and ids[-1] == EOS_ID:
+        ids.pop()
+    return "".join(_CHAR_OF.get(i, NO_CHAR) for i in ids)
 
 
 def reward(prompt: TaskPrompt, completion_text: str) -> float:

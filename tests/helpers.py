@@ -36,6 +36,8 @@ SAMPLE_COLUMNS = [
     "version_trained",
     "reward",
     "version_prompt",
+    "completion_text",
+    "completion_token_ids",
 ]
 SPAN_COLUMNS = ["resource", "kind", "start_s", "end_s", "iteration", "batch_size"]
 

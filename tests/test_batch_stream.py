@@ -47,3 +47,32 @@ def test_every_sample_has_exactly_one_line() -> None:
     chunks = asyncio.run(_chunks(_Scripted([[3], [0, 1, 2, 4, 5, 6, 7]]), 8))
     lines = b"".join(chunks).splitlines()
     assert sorted(json.loads(x)["index"] for x in lines) == list(range(8))
+
+
+class _CharEngine:
+    def get_tokenizer(self):
+        from runtime.model import build_tokenizer
+
+        return build_tokenizer()
+
+
+class _Control:
+    version = 0
+
+    def prompt_version(self, version_start: int, out) -> int:
+        return version_start
+
+
+def test_the_line_text_keeps_special_tokens_and_drops_the_final_eos() -> None:
+    from types import SimpleNamespace
+
+    from runtime.tasks import VOCAB
+
+    ids = [VOCAB.index(t) for t in ("g", "e", "<unk>", "c", "<pad>", "<eos>")]
+    logprobs = [{t: SimpleNamespace(logprob=-0.5)} for t in ids]
+    out = SimpleNamespace(
+        outputs=[SimpleNamespace(token_ids=ids, logprobs=logprobs, finish_reason="stop")],
+        prompt_token_ids=[3],
+    )
+    line = BatchGenerator(_CharEngine(), _Control())._line(0, out, {})
+    assert (line["token_ids"], line["text"]) == (ids, "ge<unk>c<pad>")

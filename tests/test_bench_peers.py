@@ -24,7 +24,7 @@ from experiments.peers_report import TABLE_HEADER, csv_rows, summarize, table_ro
 from experiments.peers_tandem import read_run, tandem_command
 from experiments.peers_trl import TaskReward, TrlJob, dataset_rows, series_of, step_prompt_ids
 from policies.spec import load_spec, override_spec
-from runtime.tasks import TaskPromptSource, TaskSet
+from runtime.tasks import VOCAB, TaskPromptSource, TaskSet, completion_text
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
 
@@ -223,14 +223,17 @@ def test_trl_reward_is_the_task_reward_and_counts_what_it_scores():
     tasks = TaskSet(0, 16, 128)
     reward = TaskReward(tasks)
     p, q = tasks[3], tasks[7]
-    wrong = "x" * len(q.answer)
+    eos, unk = VOCAB.index("<eos>"), VOCAB.index("<unk>")
+    right = [VOCAB.index(ch) for ch in p.answer] + [eos]
+    with_unk = [VOCAB.index(ch) for ch in q.answer] + [unk, eos]  # TRL's text: q.answer
     out = reward(
-        prompts=[p.text, q.text], completions=[p.answer, wrong], prompt_id=[3, 7],
-        completion_ids=[[1] * (len(p.answer) + 1), [1] * 4], trainer_state=None,
+        prompts=[p.text, q.text], completions=[p.answer, q.answer], prompt_id=[3, 7],
+        completion_ids=[right, with_unk], trainer_state=None,
     )  # fmt: skip
-    assert out == [1.0, tasks.reward(7, wrong)] and out[1] < 1.0
+    assert out == [1.0, tasks.reward(7, completion_text(with_unk))]  # as tandem's actor scores
+    assert out[1] == len(q.answer) / (len(q.answer) + 1)  # the <unk> TRL's text hid is wrong
     assert reward.__name__ == "task_reward"
-    assert reward.take() == (2, len(p.answer) + 1 + 4, pytest.approx(sum(out)))
+    assert reward.take() == (2, len(right) + len(with_unk), pytest.approx(sum(out)))
     assert reward.take() == (0, 0, 0.0)
 
 

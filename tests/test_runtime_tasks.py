@@ -1,9 +1,31 @@
 """Tasks of the live runtime: deterministic, verifiable, long-tailed, PromptSource-shaped."""
 
+import asyncio
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from runtime.tasks import VOCAB, Family, TaskPromptSource, TaskSet, reward
+from policies.records import Completion, FinishReason, Request, SampleRecord
+from policies.results import RunResult
+from policies.spec import load_spec
+from runtime.gen_client import GenerationClient
+from runtime.tasks import (
+    NO_CHAR,
+    VOCAB,
+    Family,
+    TaskPrompt,
+    TaskPromptSource,
+    TaskSet,
+    completion_text,
+    reward,
+)
+
+EOS, PAD, UNK = (VOCAB.index(t) for t in ("<eos>", "<pad>", "<unk>"))
+
+
+def _ids(text: str) -> list[int]:
+    return [VOCAB.index(ch) for ch in text]
 
 
 def test_same_seed_same_prompts_and_answers():
@@ -47,6 +69,49 @@ def test_reward_exact_partial_and_empty():
     assert reward(p, p.answer) == 1.0
     assert reward(p, "") == 0.0
     assert 0.0 < reward(p, p.answer + "zz") < 1.0
+
+
+def test_the_reward_text_is_every_token_but_the_final_eos_one_character_each():
+    assert completion_text(_ids("gegc") + [EOS]) == "gegc"
+    assert completion_text(_ids("gegc")) == "gegc"  # cut at max_tokens: no <eos> to drop
+    assert completion_text([]) == completion_text([EOS]) == ""
+    ids = _ids("ge") + [UNK] + _ids("c") + [PAD, EOS, 30, EOS]  # 30: past the vocabulary
+    assert completion_text(ids) == "ge" + NO_CHAR + "c" + 3 * NO_CHAR
+
+
+def test_a_special_token_mid_answer_makes_the_answer_wrong():
+    p = TaskPrompt(0, "V:cgeg=", Family.REVERSE, "gegc")
+    assert reward(p, completion_text(_ids("gegc") + [EOS])) == 1.0
+    for bad in (UNK, PAD):
+        assert reward(p, completion_text(_ids("ge") + [bad] + _ids("gc") + [EOS])) == 0.4
+        assert reward(p, completion_text(_ids("gegc") + [bad, EOS])) == 0.8
+    # a user's sample: 6 tokens, one an id no character decodes to, scored 3/4 before
+    assert reward(p, completion_text([9, 7, 5, 5, 27, 1])) == 0.6
+
+
+def test_the_actor_scores_the_token_ids_not_the_server_text():
+    client = GenerationClient(0, "http://127.0.0.1:1", 1.0)
+    request = Request(1, 0, 0, 0, 7, 16, prompt="V:cgeg=")
+    ids = _ids("geg") + [UNK] + _ids("c") + [EOS]
+    line = {"index": 0, "token_ids": ids, "logprobs": [-0.1] * 6, "text": "gegc",
+            "prompt_token_ids": _ids("V:cgeg="), "finish_reason": "stop",
+            "version_start": 0, "version_end": 0}  # fmt: skip
+    out = client._streamed(line, [request], 0.0, 0.1, 0.2)
+    assert out.text == "geg" + NO_CHAR + "c" and out.completion.output_tokens == 6
+    asyncio.run(client.aclose())
+
+
+def test_samples_parquet_keeps_what_the_reward_scored(tmp_path):
+    ids = _ids("geg") + [UNK, EOS]
+    request = Request(1, 0, 0, 0, 7, 16, prompt="V:cgeg=")
+    c = Completion(request, 0, len(ids), FinishReason.STOP, 0, 0, 0.0, 0.0, 1.0, tuple(ids))
+    c.text, c.reward = completion_text(ids), 0.75
+    spec = load_spec(Path(__file__).resolve().parents[1] / "experiments/configs/live-tiny.yaml")
+    RunResult(spec, {}, [SampleRecord.from_completion(c, train_step=0)], [], []).save(tmp_path)
+    (row,) = RunResult.load(tmp_path).samples
+    assert (row.completion_text, row.completion_token_ids) == ("geg" + NO_CHAR, tuple(ids))
+    prompt = TaskPrompt(0, "V:cgeg=", Family.REVERSE, "gegc")
+    assert reward(prompt, row.completion_text) == row.reward  # a reward one can recompute
 
 
 def test_prompt_source_batches_groups_and_epochs():

@@ -21,6 +21,7 @@ from policies.spec import load_spec
 from runtime.checkpoints import kept_steps
 from runtime.errors import LiveRunError
 from runtime.launcher import run_live
+from runtime.tasks import VOCAB, completion_text, task_set
 
 pytestmark = pytest.mark.live
 
@@ -54,6 +55,13 @@ def test_run_live_writes_results_with_versions(server, token, tmp_path, mode):
     bound = BOUND.get(mode, spec.pipeline.max_lag)
     assert stale.between(0, bound).all()
     assert samples["reward"].between(0, 1).all()
+    # what the reward scored, token by token: every id decodes, the reward recomputes
+    tasks = task_set(spec)
+    for row in samples.itertuples():
+        ids = list(row.completion_token_ids)
+        assert len(ids) == row.output_tokens and max(ids) < len(VOCAB)
+        assert row.completion_text == completion_text(ids)
+        assert tasks.reward(row.prompt_id, row.completion_text) == row.reward
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["num_samples_trained"] == 48 and result.metrics["live_wall_s"] > 0
     names = {*METRIC_NAMES, *LIVE_METRICS}  # the one list of metric names
