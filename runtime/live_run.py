@@ -147,12 +147,7 @@ async def drive(
     host = spec.live.host
     log.info("joining the weight group (%s) with %d server(s)", backend, len(ids))
     await trainer.join_group([servers.addr(i) for i in ids], host, free_port(host), backend)
-    clients = {
-        i: GenerationClient(
-            i, servers.slots[i].base_url, spec.live.temperature, inference_key(spec.live)
-        )
-        for i in ids
-    }
+    clients = _clients(spec, servers, ids)
     try:
         end_s = time_offset_s
         startup: dict[str, float] = {}
@@ -183,6 +178,14 @@ async def drive(
     _save(result, run_dir, offset, time_offset_s, cpu_rows, startup)
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
+
+
+def _clients(spec: RunSpec, servers: Servers, ids: list[int]) -> dict[int, GenerationClient]:
+    """A generation client per server, by instance id."""
+    key = inference_key(spec.live)
+    return {
+        i: GenerationClient(i, servers.slots[i].base_url, spec.live.temperature, key) for i in ids
+    }
 
 
 async def _start_position(
