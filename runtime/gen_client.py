@@ -69,12 +69,20 @@ class GenerationClient:
     """Sends completions to one server (``instance_id``) over a shared connection pool."""
 
     def __init__(
-        self, instance_id: int, base_url: str, temperature: float, api_key: str | None = None
+        self,
+        instance_id: int,
+        base_url: str,
+        temperature: float,
+        api_key: str | None = None,
+        task_tokens: bool = True,
     ) -> None:
         self.instance_id = instance_id
         self.base_url = base_url
         self.temperature = temperature
         self.api_key = api_key
+        # the served tokenizer is the tasks' (one character a token): the reward's text is
+        # made from the token ids; another model's text is its server's decode
+        self.task_tokens = task_tokens
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._http = httpx.AsyncClient(
             base_url=base_url, timeout=600.0, limits=POOL_LIMITS, headers=headers
@@ -105,7 +113,8 @@ class GenerationClient:
             token_ids=token_ids,
             logprobs=tuple(float(x) for x in choice["logprobs"]["token_logprobs"]),
         )
-        return Generated(completion, completion_text(token_ids), tuple(choice["prompt_token_ids"]))
+        text = completion_text(token_ids) if self.task_tokens else choice["text"]
+        return Generated(completion, text, tuple(choice["prompt_token_ids"]))
 
     def reconnected(self, base_url: str) -> GenerationClient:
         """A new client for the same instance (a restarted server: fresh connections)."""
@@ -113,7 +122,9 @@ class GenerationClient:
 
     def for_instance(self, instance_id: int, base_url: str) -> GenerationClient:
         """A client with this one's settings for another server (an added instance)."""
-        return GenerationClient(instance_id, base_url, self.temperature, self.api_key)
+        return GenerationClient(
+            instance_id, base_url, self.temperature, self.api_key, self.task_tokens
+        )
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -161,7 +172,8 @@ class GenerationClient:
             logprobs=tuple(d["logprobs"]),
             version_prompt=d.get("version_prompt"),
         )
-        return Generated(completion, completion_text(token_ids), tuple(d["prompt_token_ids"]))
+        text = completion_text(token_ids) if self.task_tokens else d["text"]
+        return Generated(completion, text, tuple(d["prompt_token_ids"]))
 
     async def unwell(self) -> str | None:
         """What the server's ``/health`` says where its engine cannot serve (a 503: stalled,

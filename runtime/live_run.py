@@ -182,9 +182,12 @@ async def drive(
 
 def _clients(spec: RunSpec, servers: Servers, ids: list[int]) -> dict[int, GenerationClient]:
     """A generation client per server, by instance id."""
-    key = inference_key(spec.live)
+    from runtime.model import has_task_tokenizer
+
+    key, chars = inference_key(spec.live), has_task_tokenizer(model_dir_for(spec))
     return {
-        i: GenerationClient(i, servers.slots[i].base_url, spec.live.temperature, key) for i in ids
+        i: GenerationClient(i, servers.slots[i].base_url, spec.live.temperature, key, chars)
+        for i in ids
     }
 
 

@@ -68,6 +68,18 @@ def check_model_dir(path: str, what: str) -> None:
         )
 
 
+def has_task_tokenizer(model_dir: str) -> bool:
+    """Whether ``model_dir``'s tokenizer is the tasks' character vocabulary (the embedded
+    model's, :func:`build_tokenizer`): then a completion's text is its token ids one
+    character each (:func:`runtime.tasks.completion_text`)."""
+    path = Path(model_dir) / "tokenizer.json"
+    try:
+        vocab = json.loads(path.read_text())["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return vocab == {tok: i for i, tok in enumerate(VOCAB)}
+
+
 def state_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
     """The names and shapes of the tensors a trainer on ``model_dir`` holds (and pushes):
     its state dict as its config builds it, on the meta device (no weights read)."""
