@@ -7,6 +7,9 @@ N_long + N_regular by enumerating every split with the instance-latency model
 L = P50), minimising the sum (as printed in the paper) or the max (makespan) of the two
 groups' latencies. Inside each group a request goes to the instance with the least
 predicted work assigned, so long-tail instances end up running small batches.
+Across heterogeneous pools the long-tail group is taken from the instances that decode
+one sequence fastest (their order in the spec does not matter), and a group is priced
+by its slowest instance.
 """
 
 from __future__ import annotations
@@ -73,7 +76,9 @@ class _Loads:
         self.count = {v.instance_id: v.num_assigned for v in instances}
 
     def lightest(self, ids: Sequence[int]) -> int:
-        return min(ids, key=lambda i: (self.tokens[i], self.count[i], i))
+        """The least loaded of ``ids``; ties go to the one listed first."""
+        pos = min(range(len(ids)), key=lambda k: (self.tokens[ids[k]], self.count[ids[k]], k))
+        return ids[pos]
 
     def add(self, instance_id: int, request: Request) -> None:
         self.tokens[instance_id] += request.predicted_tokens or 0.0
@@ -87,7 +92,7 @@ class LeastLoadedDispatch:
     def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
         _require(instances)
         loads = _Loads(instances)
-        ids = [v.instance_id for v in instances]
+        ids = sorted(v.instance_id for v in instances)
         out = []
         for r in requests:
             target = loads.lightest(ids)
@@ -110,6 +115,21 @@ def instance_latency_s(
     context = int(batch * (prompt_tokens + length_tokens / 2))
     ptl = cost.decode_step_s(Device(view.hardware, view.tp), batch, context)
     return ptl * length_tokens * math.ceil(num_requests / batch)
+
+
+def group_latency_s(
+    cost: CostModel,
+    group: Sequence[InstanceView],
+    num_requests: int,
+    length_tokens: float,
+    prompt_tokens: float,
+) -> float:
+    """A group's latency with its requests spread evenly: its slowest instance's."""
+    each = math.ceil(num_requests / len(group))
+    shapes = {(v.hardware, v.tp, v.max_num_seqs): v for v in group}
+    return max(
+        instance_latency_s(cost, v, each, length_tokens, prompt_tokens) for v in shapes.values()
+    )
 
 
 @DISPATCH.register("skewness-aware")
@@ -142,13 +162,26 @@ class SkewnessAwareDispatch:
         is_long = self._mark_long_tail(preds)
         p50, p90, _ = self._quantiles
         prompt = float(np.mean([r.prompt_tokens for r in requests])) if requests else 0.0
+        ordered = self._fastest_first(instances, p90, prompt)
         if self.last_num_long is None or self._since_refresh == 0:
-            self.last_num_long = self._split(instances, requests, is_long, p50, p90, prompt)
+            self.last_num_long = self._split(ordered, requests, is_long, p50, p90, prompt)
         num_long = min(self.last_num_long, len(instances) - 1) if len(instances) > 1 else 0
-        ordered = sorted(instances, key=lambda v: v.instance_id)
         long_ids = [v.instance_id for v in ordered[:num_long]] or [v.instance_id for v in ordered]
         regular_ids = [v.instance_id for v in ordered[num_long:]] or long_ids
         return self._place(requests, instances, is_long, long_ids, regular_ids)
+
+    def _fastest_first(
+        self, instances: Sequence[InstanceView], length: float, prompt: float
+    ) -> list[InstanceView]:
+        """Instances by their time a token for one sequence (ties by id): the long tail runs
+        small batches, so it goes to the hardware that decodes one sequence fastest."""
+        context = int(prompt + length / 2)
+        speed: dict[tuple[str, int], float] = {}
+        for v in instances:
+            key = (v.hardware, v.tp)
+            if key not in speed:
+                speed[key] = self._cost.decode_step_s(Device(*key), 1, context)
+        return sorted(instances, key=lambda v: (speed[(v.hardware, v.tp)], v.instance_id))
 
     def _observe(self, preds: list[float]) -> None:
         """Track recent predictions; refresh quantiles (and the split) every so often."""
@@ -176,7 +209,7 @@ class SkewnessAwareDispatch:
 
     def _split(
         self,
-        instances: Sequence[InstanceView],
+        instances: Sequence[InstanceView],  # fastest first: the long group is a prefix
         requests: Sequence[Request],
         is_long: list[bool],
         p50: float,
@@ -190,13 +223,10 @@ class SkewnessAwareDispatch:
         m_regular = total - m_long
         if n < 2 or m_long == 0 or m_regular == 0:
             return 0
-        view = instances[0]
         best, best_cost = 1, math.inf
         for n_long in range(1, n):
-            lat_long = instance_latency_s(self._cost, view, math.ceil(m_long / n_long), p90, prompt)
-            lat_reg = instance_latency_s(
-                self._cost, view, math.ceil(m_regular / (n - n_long)), p50, prompt
-            )
+            lat_long = group_latency_s(self._cost, instances[:n_long], m_long, p90, prompt)
+            lat_reg = group_latency_s(self._cost, instances[n_long:], m_regular, p50, prompt)
             cost = lat_long + lat_reg if self._objective == "sum" else max(lat_long, lat_reg)
             if cost < best_cost:
                 best, best_cost = n_long, cost

@@ -12,6 +12,7 @@ from policies.dispatch import (
     RandomDispatch,
     RoundRobinDispatch,
     SkewnessAwareDispatch,
+    group_latency_s,
     instance_latency_s,
 )
 from policies.protocols import Device
@@ -212,3 +213,40 @@ def test_skewness_aware_group_by_group_marks_only_the_long_prompts():
     # short one went to the other
     assert placed[2] == {0} and placed[8] == {0}
     assert all(placed[g] == {1} for g in range(3, len(lengths)) if g != 8)
+
+
+class TwoHardwareCost(BatchCost):
+    """H20 decodes one sequence faster than H800 (2 s against 2.5 s) and a big batch slower."""
+
+    def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
+        self.calls.append((device, batch_size, context_tokens))
+        if device.hardware == "H20":
+            return 1.0 + batch_size
+        return 2.0 + 0.5 * batch_size
+
+
+def _two_pools(first: str, second: str) -> list:
+    kinds = [first, first, second, second]
+    return [view(i, max_num_seqs=100, hardware=k) for i, k in enumerate(kinds)]
+
+
+def test_skewness_aware_puts_the_long_tail_on_the_fastest_single_sequence_hardware():
+    # the pools' order in the spec used to decide: the long tail went to the lowest ids
+    d = SkewnessAwareDispatch(cost_model=TwoHardwareCost(), objective="sum")
+    h800_first = d.assign(_requests(PREDS), _two_pools("H800", "H20"))
+    assert d.last_num_long is not None and 1 <= d.last_num_long <= 2
+    assert {h800_first[8], h800_first[9]} <= {2, 3}  # 140 and 150 on the H20s
+    d = SkewnessAwareDispatch(cost_model=TwoHardwareCost(), objective="sum")
+    h20_first = d.assign(_requests(PREDS), _two_pools("H20", "H800"))
+    # the same placement, the pools' ids swapped
+    assert h20_first == [(i + 2) % 4 for i in h800_first]
+
+
+def test_skewness_aware_prices_a_group_by_its_slowest_instance():
+    cost = TwoHardwareCost()
+    h20, h800 = view(0, max_num_seqs=100, hardware="H20"), view(1, max_num_seqs=100)
+    # one request each: a token costs the H20 2 s, the H800 2.5 s at batch 1
+    assert group_latency_s(cost, [h20], 1, 10.0, 0.0) == pytest.approx(2.0 * 10)
+    assert group_latency_s(cost, [h20, h800], 2, 10.0, 0.0) == pytest.approx(2.5 * 10)
+    # three requests over two instances: two each (ceil), priced at the slower's batch 2
+    assert group_latency_s(cost, [h20, h800], 3, 10.0, 0.0) == pytest.approx(3.0 * 10)
