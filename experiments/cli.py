@@ -101,6 +101,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from runtime.launcher import check_live_run
 
         check_live_run(spec, args.ray)
+    else:  # so is a simulated one
+        from sim.cluster import check_sim_run
+
+        check_sim_run(spec)
     out = _out_dir(args, spec)
     tracker = tracker_for(spec, out)  # a missing tracking package stops the run here
     label = f"{spec.run.name} · {spec.pipeline.mode}"

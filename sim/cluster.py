@@ -4,11 +4,15 @@ policy may re-split the spec's cluster between generation and training."""
 from __future__ import annotations
 
 from policies.allocation import AllocationPolicy, StageModel
+from policies.build import mode_of
 from policies.cluster import ClusterSection, GenerationPool
 from policies.modes import ModeTraits
 from policies.protocols import Device
+from policies.rng import RngStreams
 from policies.spec import RunSpec
-from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel
+from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
+from sim.kv_cache import blocks_for
+from sim.sequence import engine_limits
 from sim.tables import hardware_table
 from sim.workload import Workload
 
@@ -24,6 +28,7 @@ def resolve_cluster(
     (and stays on as the scaling rule of ``elastic``)."""
     cluster = spec.cluster
     check_cluster(cluster, cost)
+    check_kv_fit(spec, cost, workload)
     if mode.colocated:
         pool = cluster.generation[0]
         total = sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
@@ -61,6 +66,31 @@ def check_cluster(cluster: ClusterSection, cost: SimCostModel) -> None:
             cost.kv_capacity_tokens(Device(pool.hardware, pool.tp))
         except ModelDoesNotFit as err:
             raise ValueError(f"cluster.generation.{i}.tp: {err}") from None
+
+
+def check_sim_run(spec: RunSpec) -> None:
+    """Refuse, before anything is written, what a simulated run of ``spec`` would refuse at
+    its start: hardware and tp (:func:`check_cluster`) and KV caches (:func:`check_kv_fit`)."""
+    cost = build_cost_model(spec)
+    check_cluster(spec.cluster, cost)
+    check_kv_fit(spec, cost, Workload(spec, RngStreams(spec.run.seed)))
+
+
+def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload) -> None:
+    """Refuse a pool whose instance's KV cache cannot hold the longest prompt with the
+    largest ``max_tokens``, as vLLM refuses a ``max_model_len`` its KV cache cannot hold."""
+    longest = workload.longest_sequence_tokens
+    colocated = mode_of(spec).colocated  # runs the first pool's instances on every GPU
+    pools = spec.cluster.generation[:1] if colocated else spec.cluster.generation
+    for pool in pools:
+        limits = engine_limits(pool, cost.kv_capacity_tokens(Device(pool.hardware, pool.tp)))
+        need = blocks_for(longest - 1, limits.block_size)  # the last token's KV is never kept
+        if need > limits.num_blocks:
+            raise ValueError(
+                f"{kv_cache_key(spec.cluster, pool)}: the longest prompt with its max_tokens "
+                f"({longest} tokens, {need} blocks) does not fit one instance's KV cache "
+                f"({limits.num_blocks} blocks of {limits.block_size} tokens)"
+            )
 
 
 def kv_cache_key(cluster: ClusterSection, pool: GenerationPool) -> str:

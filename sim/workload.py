@@ -171,6 +171,13 @@ class Workload:
     def mean_prompt_tokens(self) -> float:
         return float(np.mean(self._prompt_tokens))
 
+    @property
+    def longest_sequence_tokens(self) -> int:
+        """The longest prompt plus the largest ``max_tokens`` any iteration asks for: what
+        an instance's KV cache must hold (vLLM refuses a ``max_model_len`` above it)."""
+        last = max(0, self.spec.run.iterations - 1)
+        return int(self._prompt_tokens.max()) + max(self.max_tokens_at(0), self.max_tokens_at(last))
+
 
 def _load_trace(path: Path) -> tuple[list[list[int]], np.ndarray | None]:
     """Rows of (prompt_id, prompt_tokens, output_tokens) grouped by prompt, in id order."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers import small_spec
 
+from experiments.cli import main
 from sim.simulator import Simulation
 from sim.tables import hardware_table
 
@@ -38,6 +39,22 @@ def test_a_kv_cache_smaller_than_one_sequence_names_the_override():
     spec = small_spec(cluster__generation__0__num_gpu_blocks_override=6)
     with pytest.raises(
         ValueError,
-        match=r"^cluster\.generation\.0\.num_gpu_blocks_override: sample \d+: one sequence",
+        match=r"^cluster\.generation\.0\.num_gpu_blocks_override: the longest prompt with "
+        r"its max_tokens \(\d+ tokens, \d+ blocks\) does not fit",
     ):
         Simulation(spec).run()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("cluster.generation.0.num_gpu_blocks_override=6",
+         "cluster.generation.0.num_gpu_blocks_override"),
+        ("cluster.generation.0.hardware=B200", "cluster.generation.0.hardware"),
+    ],
+)  # fmt: skip
+def test_tandem_run_refuses_before_making_the_run_directory(tmp_path, capsys, override, key):
+    out = tmp_path / "run"
+    assert main(["run", "--set", override, "--out", str(out)]) == 2
+    assert key in capsys.readouterr().out
+    assert not out.exists()
