@@ -70,12 +70,11 @@ class StageModel:
         """Forward and backward of one batch on ``num_gpus``, of which only as many as the
         batch has micro-batches do work (``busy_trainer_gpus``)."""
         tokens = self.batch_size * (self.prompt_tokens + float(np.mean(self.output_tokens)))
-        busy = busy_trainer_gpus(num_gpus, self.batch_size, self.micro_batch_per_gpu)
-        return self.cost.train_s(Device(hardware, busy), int(tokens))
+        return self.cost.train_s(Device(hardware, self.busy_trainer_gpus(num_gpus)), int(tokens))
 
-    def useful_trainer_gpus(self) -> int:
-        """The most trainer GPUs one batch keeps busy: one per micro-batch."""
-        return math.ceil(self.batch_size / self.micro_batch_per_gpu)
+    def busy_trainer_gpus(self, num_gpus: int) -> int:
+        """Of ``num_gpus`` trainer GPUs, those one batch keeps busy: one per micro-batch."""
+        return busy_trainer_gpus(num_gpus, self.batch_size, self.micro_batch_per_gpu)
 
 
 class AllocationPolicy(Protocol):
@@ -153,7 +152,7 @@ class BalancedAllocation:
             trainer_hw = cluster.trainer.hardware
             while train > 1 and model.training_s(trainer_hw, train - 1) <= t_gen:
                 train -= 1
-        return gen, min(train, model.useful_trainer_gpus())
+        return gen, model.busy_trainer_gpus(train)
 
 
 @ALLOCATION.register("elastic")
