@@ -6,7 +6,8 @@
   ``T_gen + T_train``, then the fewer trainer GPUs). When generation and training sit in
   different datacenters (or on different hardware) GPUs cannot move between the stages,
   so the faster stage is shrunk until the two stage times match, and the trainer to the
-  GPUs one batch can keep busy.
+  GPUs one batch can keep busy. Neither leaves the trainer fewer GPUs than its memory
+  needs (``StageModel.min_trainer_gpus``).
 * ``elastic`` starts as ``fixed`` and, after each iteration, adds generation instances
   when ``Δ = T_gen − T_train`` exceeds ``Δ′``, the time one more node of instances would save.
 
@@ -41,6 +42,7 @@ class StageModel:
     prompt_tokens: float
     output_tokens: Sequence[int]  # a sample of output lengths (any size)
     micro_batch_per_gpu: int = 1  # samples per trainer GPU per micro-batch
+    min_trainer_gpus: int = 1  # the fewest whose memory holds the training state
 
     def generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
         """Time for ``num_gpus`` of ``pool`` to generate one batch split evenly."""
@@ -128,7 +130,7 @@ class BalancedAllocation:
         total = pool.num_gpus + cluster.trainer.num_gpus
         best = (pool.num_gpus, cluster.trainer.num_gpus)
         best_key = (math.inf, math.inf, total)
-        for gen in range(pool.tp, total, pool.tp):
+        for gen in range(pool.tp, total - model.min_trainer_gpus + 1, pool.tp):
             t_gen, t_train = (
                 model.generation_s(pool, gen),
                 model.training_s(pool.hardware, total - gen),
@@ -150,9 +152,10 @@ class BalancedAllocation:
                 gen -= pool.tp
         else:
             trainer_hw = cluster.trainer.hardware
-            while train > 1 and model.training_s(trainer_hw, train - 1) <= t_gen:
+            floor = model.min_trainer_gpus
+            while train > floor and model.training_s(trainer_hw, train - 1) <= t_gen:
                 train -= 1
-        return gen, model.busy_trainer_gpus(train)
+        return gen, max(model.min_trainer_gpus, model.busy_trainer_gpus(train))
 
 
 @ALLOCATION.register("elastic")

@@ -3,8 +3,11 @@ policy may re-split the spec's cluster between generation and training."""
 
 from __future__ import annotations
 
+import logging
+import math
+
 from policies.allocation import AllocationPolicy, StageModel
-from policies.build import mode_of
+from policies.build import build_allocation, mode_of
 from policies.cluster import ClusterSection, GenerationPool
 from policies.modes import ModeTraits
 from policies.protocols import Device
@@ -15,6 +18,8 @@ from sim.kv_cache import blocks_for
 from sim.sequence import engine_limits
 from sim.tables import hardware_table
 from sim.workload import Workload
+
+log = logging.getLogger(__name__)
 
 
 def resolve_cluster(
@@ -30,8 +35,12 @@ def resolve_cluster(
     check_cluster(cluster, cost)
     check_kv_fit(spec, cost, workload)
     if mode.colocated:
+        _check_one_gpu_group(cluster, spec.pipeline.mode)
+        check_trainer_memory(
+            cost, cluster.trainer.hardware, "cluster.trainer.num_gpus", total_gpus(cluster)
+        )
         pool = cluster.generation[0]
-        total = sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
+        total = total_gpus(cluster)
         colocated = cluster.model_copy(
             update={
                 "generation": [pool.model_copy(update={"num_gpus": total})],
@@ -45,8 +54,71 @@ def resolve_cluster(
         prompt_tokens=workload.mean_prompt_tokens,
         output_tokens=workload.sample_lengths(4096),
         micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
+        min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
     )
+    check_trainer_memory(cost, cluster.trainer.hardware, "cluster.trainer.num_gpus",
+                         cluster.trainer.num_gpus)  # fmt: skip
     return allocation.allocate(cluster, model)
+
+
+def total_gpus(cluster: ClusterSection) -> int:
+    return sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
+
+
+def _check_one_gpu_group(cluster: ClusterSection, mode: str) -> None:
+    """A colocated mode runs both stages on every GPU: refuse GPUs of several kinds or
+    datacenters (they would all run as the first pool's)."""
+    first = cluster.generation[0]
+    others = [(f"cluster.generation.{i}", p) for i, p in enumerate(cluster.generation)][1:]
+    for key, part in [*others, ("cluster.trainer", cluster.trainer)]:
+        if (part.hardware, part.datacenter) != (first.hardware, first.datacenter):
+            raise ValueError(
+                f"pipeline.mode: {mode} runs generation and training on the same GPUs, so "
+                f"they must be one kind in one datacenter; {key} is {part.hardware} in "
+                f"{part.datacenter}, cluster.generation.0 {first.hardware} in "
+                f"{first.datacenter}: choose a disaggregated mode or one GPU group"
+            )
+
+
+# Training state a parameter, fully sharded over the trainer's GPUs (FSDP/ZeRO-3): bf16
+# weights and gradients stay on the GPUs (4 bytes) even with the optimizer offloaded to the
+# host; fp32 master weights and Adam's two moments add 12 more. Activations come on top.
+ON_GPU_BYTES_PER_PARAM = 4
+FULL_STATE_BYTES_PER_PARAM = 16
+
+
+def min_trainer_gpus(
+    cost: SimCostModel, hardware_name: str, bytes_per_param: int = ON_GPU_BYTES_PER_PARAM
+) -> int:
+    """The fewest GPUs of ``hardware_name`` whose memory holds ``bytes_per_param`` for each
+    trained parameter (1 for a calibrated cost model: it knows no memory)."""
+    if not isinstance(cost, RooflineCostModel):
+        return 1
+    need = bytes_per_param * cost.model.num_params * cost.num_trained_models
+    return max(1, math.ceil(need / hardware_table()[hardware_name].hbm_bytes))
+
+
+def check_trainer_memory(cost: SimCostModel, hardware_name: str, key: str, num_gpus: int) -> None:
+    """Refuse a trainer of ``num_gpus`` that cannot hold its weights and gradients; warn
+    when only an offloaded optimizer would fit (the simulator does not price offloading)."""
+    if not isinstance(cost, RooflineCostModel):
+        return
+    models = " for each of 2 models" if cost.num_trained_models > 1 else ""
+    floor = min_trainer_gpus(cost, hardware_name)
+    if num_gpus < floor:
+        raise ValueError(
+            f"{key}: {num_gpus} {hardware_name} GPU(s) cannot hold {cost.model.name}'s bf16 "
+            f"weights and gradients ({ON_GPU_BYTES_PER_PARAM} bytes a parameter{models}, "
+            f"fully sharded); it needs at least {floor}"
+        )
+    full = min_trainer_gpus(cost, hardware_name, FULL_STATE_BYTES_PER_PARAM)
+    if num_gpus < full:
+        log.warning(
+            "%s: %d %s GPU(s) hold %s's training state (%d bytes a parameter%s) only with the "
+            "optimizer offloaded to the host, which the simulator does not price; %d hold it all",
+            key, num_gpus, hardware_name, cost.model.name, FULL_STATE_BYTES_PER_PARAM, models,
+            full,
+        )  # fmt: skip
 
 
 def check_cluster(cluster: ClusterSection, cost: SimCostModel) -> None:
@@ -70,10 +142,10 @@ def check_cluster(cluster: ClusterSection, cost: SimCostModel) -> None:
 
 def check_sim_run(spec: RunSpec) -> None:
     """Refuse, before anything is written, what a simulated run of ``spec`` would refuse at
-    its start: hardware and tp (:func:`check_cluster`) and KV caches (:func:`check_kv_fit`)."""
-    cost = build_cost_model(spec)
-    check_cluster(spec.cluster, cost)
-    check_kv_fit(spec, cost, Workload(spec, RngStreams(spec.run.seed)))
+    its start: everything :func:`resolve_cluster` checks (hardware, tp, KV caches, the
+    trainer's memory, a colocated mode's GPUs, the allocation policy's pools)."""
+    workload = Workload(spec, RngStreams(spec.run.seed))
+    resolve_cluster(spec, mode_of(spec), build_cost_model(spec), workload, build_allocation(spec))
 
 
 def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload) -> None:

@@ -8,6 +8,7 @@ import pytest
 from helpers import small_spec
 
 from experiments.cli import main
+from sim.cluster import check_sim_run
 from sim.simulator import Simulation
 from sim.tables import hardware_table
 
@@ -58,3 +59,62 @@ def test_tandem_run_refuses_before_making_the_run_directory(tmp_path, capsys, ov
     assert main(["run", "--set", override, "--out", str(out)]) == 2
     assert key in capsys.readouterr().out
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("cluster", "named"),
+    [
+        ({"cluster__generation": TWO_POOLS}, "cluster.generation.1 is H20 in dc0"),
+        ({"cluster__trainer__datacenter": "dc1"}, "cluster.trainer is H800 in dc1"),
+    ],
+)
+def test_a_colocated_mode_refuses_gpus_of_several_kinds_or_places(cluster, named):
+    """Before: every GPU ran as the first pool's hardware, in its datacenter, silently."""
+    spec = small_spec(pipeline__mode="colocated-sync", **cluster)
+    with pytest.raises(ValueError, match=rf"^pipeline\.mode: colocated-sync .* {named}, "):
+        check_sim_run(spec)
+
+
+def test_a_trainer_too_small_for_the_weights_and_gradients_is_refused():
+    """Before: 72B trained on one 80 GB H800 at 0.37 samples/s."""
+    spec = small_spec(model__name="Qwen2.5-72B", cluster__generation__0__tp=4,
+                      cluster__generation__0__num_gpus=4, cluster__trainer__num_gpus=1)  # fmt: skip
+    # 4 bytes a parameter: 72.7e9 × 4 / 80e9 → 4 GPUs
+    with pytest.raises(ValueError, match=r"^cluster\.trainer\.num_gpus: 1 H800 GPU\(s\) "
+                       r"cannot hold Qwen2.5-72B's .* it needs at least 4$"):  # fmt: skip
+        check_sim_run(spec)
+    check_sim_run(spec.model_copy(update={"cluster": _trainer_gpus(spec, 4)}))
+
+
+def test_a_trainer_that_fits_only_with_its_optimizer_offloaded_is_warned_about(caplog):
+    spec = small_spec(cluster__trainer__num_gpus=1)  # 7B: 30 GB on the GPU, 122 GB in all
+    with caplog.at_level("WARNING", logger="sim.cluster"):
+        check_sim_run(spec)
+    assert "only with the optimizer offloaded" in caplog.text and "2 hold it all" in caplog.text
+
+
+def test_balanced_allocation_leaves_the_trainer_the_gpus_its_memory_needs():
+    from policies.allocation import BalancedAllocation, StageModel
+    from sim.cluster import min_trainer_gpus
+    from sim.costs import build_cost_model
+
+    # the trainer in another datacenter: balanced shrinks the faster stage, here training
+    spec = small_spec(model__name="Qwen2.5-32B", cluster__generation__0__tp=2,
+                      cluster__generation__0__num_gpus=2, cluster__trainer__num_gpus=8,
+                      cluster__trainer__datacenter="dc1")  # fmt: skip
+    cost = build_cost_model(spec)
+    floor = min_trainer_gpus(cost, "H800")
+    assert floor == 2  # 32.8e9 × 4 bytes over 80 GB
+    model = StageModel(cost, batch_size=8, prompt_tokens=100.0, output_tokens=[2000] * 64,
+                       micro_batch_per_gpu=1)  # fmt: skip
+    unbounded = BalancedAllocation().allocate(spec.cluster, model)
+    assert unbounded.trainer.num_gpus == 1  # generation-bound: the trainer shrinks to 1
+    model.min_trainer_gpus = floor
+    bounded = BalancedAllocation().allocate(spec.cluster, model)
+    assert bounded.trainer.num_gpus == floor
+
+
+def _trainer_gpus(spec, n):
+    return spec.cluster.model_copy(
+        update={"trainer": spec.cluster.trainer.model_copy(update={"num_gpus": n})}
+    )
