@@ -38,12 +38,15 @@ def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
 
 
 def check_point_specs(base: RunSpec, points: list[dict[str, Any]]) -> None:
-    """Build every point's spec (validation only, nothing runs): the first invalid one is a
+    """Build every point's spec and check it as ``tandem run`` does before simulating
+    (``sim.cluster.check_sim_run``; nothing runs): the first invalid one is a
     :class:`SpecError` naming the point's ``key=value`` settings and what is wrong."""
+    from sim.cluster import check_sim_run
+
     for point in points:
         try:
-            point_spec(base, point)
-        except SpecError as err:
+            check_sim_run(point_spec(base, point))
+        except (SpecError, ValueError) as err:
             raise SpecError(f"grid point {' '.join(point_overrides(point))}: {err}") from None
 
 
