@@ -24,15 +24,16 @@ from experiments.advise_space import (
     DEFAULT_TPS,
     Inventory,
     SearchAxes,
+    Structure,
 )
 from policies.allocation import BalancedAllocation
 from policies.cluster import ClusterSection, GenerationPool, TrainerPool
 from policies.dispatch import DISPATCH
 from policies.modes import MODES
 from policies.predictors import PREDICTORS
-from policies.protocols import Device
 from policies.scheduling import SCHEDULING
 from policies.spec import RunSpec, SpecError
+from sim.cluster import kv_shortfall, min_trainer_gpus
 
 AXIS_NAMES = (
     "mode", "lag", "tp", "max_num_seqs", "dispatch", "scheduling", "predictor", "split_parts",
@@ -125,17 +126,13 @@ def feasible_tps(
     sequence fit, and why each other (hardware, tp) was left out; a ``SpecError`` saying
     why each failed where none fits any hardware (else the space collapsed to the input
     spec alone, reported as fully covered)."""
-    spec = estimator.spec
-    need = spec.workload.prompt_tokens_median + max(
-        spec.workload.max_output_tokens, spec.workload.final_max_output_tokens or 0
-    )
     largest = max(g.num_gpus for g in estimator.inventory.groups)
     out: dict[str, tuple[int, ...]] = {}
     left_out: list[str] = []
     for g in estimator.inventory.groups:
         fits = []
         for tp in tps:
-            problem = _tp_problem(estimator, g.hardware, tp, need, largest)
+            problem = _tp_problem(estimator, g.hardware, tp, largest)
             if problem is None:
                 fits.append(tp)
             else:
@@ -147,19 +144,31 @@ def feasible_tps(
     return out, tuple(left_out)
 
 
-def _tp_problem(
-    estimator: Estimator, hardware: str, tp: int, need: int, largest: int
-) -> str | None:
-    """Why ``tp`` does not fit on ``hardware``, or None where it does."""
+def _tp_problem(estimator: Estimator, hardware: str, tp: int, largest: int) -> str | None:
+    """Why ``tp`` does not fit on ``hardware``, or None where it does (the KV cache as the
+    simulator checks it: ``sim.cluster.kv_shortfall``)."""
+    pool = estimator.spec.cluster.generation[0].model_copy(update={"hardware": hardware, "tp": tp})
     try:
-        capacity = estimator.cost.kv_capacity_tokens(Device(hardware, tp))
+        short = kv_shortfall(pool, estimator.cost, estimator.longest_tokens)
     except ValueError as err:  # the heads do not shard evenly, or the weights do not fit
         return str(err).removeprefix(f"cluster.generation tp {tp}: ")
     if tp > largest:
         return f"more than the {largest} GPUs of the largest group"
-    if capacity < need:
-        return f"KV for {capacity} tokens, one sequence needs {need}"
-    return None
+    return short
+
+
+def trainer_floors(estimator: Estimator) -> dict[str, int]:
+    """Per hardware, the fewest trainer GPUs that hold the model's weights and gradients."""
+    return {
+        g.hardware: min_trainer_gpus(estimator.cost, g.hardware) for g in estimator.inventory.groups
+    }
+
+
+def trainer_fits(s: Structure, inv: Inventory, floors: dict[str, int]) -> bool:
+    """Whether ``s``'s trainer (every GPU, colocated) has the memory its model needs."""
+    if s.colocated:
+        return inv.num_gpus >= floors[inv.groups[0].hardware]
+    return s.trainer_gpus >= floors[inv.groups[s.trainer_group].hardware]
 
 
 def alg1_splits(estimator: Estimator, axes: SearchAxes) -> dict[int, tuple[int, ...]]:

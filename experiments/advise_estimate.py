@@ -37,6 +37,7 @@ from policies.modes import MODES
 from policies.protocols import Device
 from policies.rng import RngStreams
 from policies.spec import RunSpec
+from sim.cluster import min_trainer_gpus
 from sim.costs import SimCostModel, build_cost_model
 from sim.tables import hardware_table
 from sim.workload import Workload
@@ -73,6 +74,7 @@ class Estimator:
     inventory: Inventory
     stages: StageModel
     cost: SimCostModel
+    longest_tokens: int = 0  # the workload's longest prompt with its max_tokens
     _drains: dict[tuple[str, int, int, int], float] = field(default_factory=dict)
 
     @classmethod
@@ -86,7 +88,10 @@ class Estimator:
             output_tokens=workload.sample_lengths(NUM_LENGTH_SAMPLES),
             micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
         )
-        return cls(spec, Inventory.of(spec), stages, cost)
+        inventory = Inventory.of(spec)
+        if len(inventory.groups) == 1:  # Alg. 1's splits keep the trainer's memory floor
+            stages.min_trainer_gpus = min_trainer_gpus(cost, inventory.groups[0].hardware)
+        return cls(spec, inventory, stages, cost, workload.longest_sequence_tokens)
 
     def throughput(self, s: Structure) -> float:
         """Estimated samples/s of a run of ``run.iterations`` optimizer steps."""

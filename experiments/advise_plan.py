@@ -10,6 +10,8 @@ from experiments.advise_axes import (
     default_axes,
     feasible_tps,
     staleness_of,
+    trainer_fits,
+    trainer_floors,
     with_extra_splits,
 )
 from experiments.advise_estimate import Estimator
@@ -54,7 +56,7 @@ class Space:
     estimates: tuple[float, ...]
     input: Candidate | None  # the input spec as a candidate (None: not expressible)
     input_outside: bool  # the input breaks the constraints (e.g. staler than allowed)
-    left_out: tuple[str, ...] = ()  # each (hardware, tp) that does not fit, and why
+    left_out: tuple[str, ...] = ()  # each (hardware, tp) or trainer size that does not fit, and why
 
 
 def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
@@ -78,6 +80,14 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
         base.policies.dispatch, base.policies.scheduling, base.policies.length_predictor
     )
     found = enumerate_candidates(axes, estimator.inventory, tps, prefer)
+    floors = trainer_floors(estimator)
+    fitting = [c for c in found if trainer_fits(c.structure, estimator.inventory, floors)]
+    if len(fitting) < len(found):
+        left_out = (*left_out, *(
+            f"a trainer of fewer than {n} {hw}: cannot hold the model's weights and gradients"
+            for hw, n in floors.items() if n > 1
+        ))  # fmt: skip
+    found = fitting
     outside = the_input is None or staleness_of(base) > axes.max_staleness
     if the_input is not None and not outside:
         the_input = canonical(the_input, prefer)

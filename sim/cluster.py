@@ -91,11 +91,13 @@ def min_trainer_gpus(
     cost: SimCostModel, hardware_name: str, bytes_per_param: int = ON_GPU_BYTES_PER_PARAM
 ) -> int:
     """The fewest GPUs of ``hardware_name`` whose memory holds ``bytes_per_param`` for each
-    trained parameter (1 for a calibrated cost model: it knows no memory)."""
-    if not isinstance(cost, RooflineCostModel):
+    trained parameter (1 for a calibrated cost model, which knows no memory, and for
+    hardware hardware.csv does not list)."""
+    hw = hardware_table().get(hardware_name)
+    if not isinstance(cost, RooflineCostModel) or hw is None:  # unknown: check_cluster's
         return 1
     need = bytes_per_param * cost.model.num_params * cost.num_trained_models
-    return max(1, math.ceil(need / hardware_table()[hardware_name].hbm_bytes))
+    return max(1, math.ceil(need / hw.hbm_bytes))
 
 
 def check_trainer_memory(cost: SimCostModel, hardware_name: str, key: str, num_gpus: int) -> None:
@@ -155,14 +157,21 @@ def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload) -> None:
     colocated = mode_of(spec).colocated  # runs the first pool's instances on every GPU
     pools = spec.cluster.generation[:1] if colocated else spec.cluster.generation
     for pool in pools:
-        limits = engine_limits(pool, cost.kv_capacity_tokens(Device(pool.hardware, pool.tp)))
-        need = blocks_for(longest - 1, limits.block_size)  # the last token's KV is never kept
-        if need > limits.num_blocks:
-            raise ValueError(
-                f"{kv_cache_key(spec.cluster, pool)}: the longest prompt with its max_tokens "
-                f"({longest} tokens, {need} blocks) does not fit one instance's KV cache "
-                f"({limits.num_blocks} blocks of {limits.block_size} tokens)"
-            )
+        if (problem := kv_shortfall(pool, cost, longest)) is not None:
+            raise ValueError(f"{kv_cache_key(spec.cluster, pool)}: {problem}")
+
+
+def kv_shortfall(pool: GenerationPool, cost: SimCostModel, longest: int) -> str | None:
+    """Why an instance of ``pool`` cannot hold a sequence of ``longest`` tokens (prompt and
+    output), or None where it can."""
+    limits = engine_limits(pool, cost.kv_capacity_tokens(Device(pool.hardware, pool.tp)))
+    need = blocks_for(longest - 1, limits.block_size)  # the last token's KV is never kept
+    if need <= limits.num_blocks:
+        return None
+    return (
+        f"the longest prompt with its max_tokens ({longest} tokens, {need} blocks) does not "
+        f"fit one instance's KV cache ({limits.num_blocks} blocks of {limits.block_size} tokens)"
+    )
 
 
 def kv_cache_key(cluster: ClusterSection, pool: GenerationPool) -> str:

@@ -177,3 +177,17 @@ def test_cost_normalized_also_leaves_gpus_idle():
     )
     assert {c.structure.num_gpus for c in full.candidates} == {16}
     assert min(c.structure.num_gpus for c in partial.candidates) < 16
+
+
+def test_no_candidate_trains_on_fewer_gpus_than_hold_the_weights_and_gradients():
+    """Before: 72B PPO (two trained models, 582 GB of bf16 weights and gradients) was
+    searched with trainers of 1–7 H800, which the simulator now refuses."""
+    base = small_spec().model_copy(deep=True)
+    base.model.name = "Qwen2.5-72B"
+    base = spec_from_dict(base.model_dump(mode="json"))
+    space = plan_space(base, SpaceOptions(axes=("mode=stream-async", "tp=4", "split_parts=16")))
+    trainers = {c.structure.trainer_gpus for c in space.candidates}
+    assert trainers and min(trainers) == 8  # 2 × 72.7e9 × 4 bytes over 80 GB
+    assert "a trainer of fewer than 8 H800: cannot hold the model's weights and gradients" in (
+        space.left_out
+    )
