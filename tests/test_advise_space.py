@@ -177,3 +177,12 @@ def test_cost_normalized_also_leaves_gpus_idle():
     )
     assert {c.structure.num_gpus for c in full.candidates} == {16}
     assert min(c.structure.num_gpus for c in partial.candidates) < 16
+
+
+def test_cost_normalized_names_the_hardware_hardware_csv_prices_no_machine_of():
+    """Before: 'needs every GPU's cost' without naming the hardware that lacks one."""
+    spec = small_spec().model_copy(deep=True)
+    spec.cluster.trainer.hardware = "H100-SXM"
+    spec = RunSpec.model_validate(spec.model_dump())
+    with pytest.raises(ValueError, match="no cost_per_machine_rel_h20 for H100-SXM$"):
+        plan_space(spec, SpaceOptions(objective="cost-normalized", axes=("dispatch=round-robin",)))
