@@ -40,7 +40,8 @@ def add_advise_parser(
         "--objective",
         choices=["throughput", "cost-normalized"],
         default="throughput",
-        help="what to maximise: samples/s, or samples/s per unit of GPU cost",
+        help="what to maximise: samples/s, or samples/s per H20-machine cost unit (the cost "
+        "of one 8-GPU H20 machine; hardware.csv cost_per_machine_rel_h20)",
     )
     p.add_argument(
         "--workers", type=positive_int, default=2, help="simulation processes (default 2)"

@@ -178,7 +178,8 @@ class Estimator:
         return self.stages.training_s(hardware, num_gpus) + self.cost.optimizer_s(device)
 
     def cost_units(self, s: Structure) -> float | None:
-        """GPUs in H20 units (the sim's ``cost_normalized_throughput`` denominator)."""
+        """GPU cost in H20-machine units (``policies.results.COST_UNIT``; the sim's
+        ``cost_normalized_throughput`` denominator)."""
         table = hardware_table()
         total = 0.0
         counts = list(s.generation_gpus)

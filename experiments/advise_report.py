@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.advise import Advice, Change
-from policies.results import write_atomic
+from policies.results import COST_NORMALIZED_UNIT, write_atomic
 
 OBJECTIVE_COLUMN = {
     "throughput": "throughput_samples_per_s",
@@ -167,7 +167,7 @@ def _ratio(value: float | None, ref: float | None) -> str:
 
 def _headline(advice: Advice) -> list[str]:
     inv = advice.space.inventory
-    unit = "samples/s" if advice.objective == "throughput" else "samples/s per H20-GPU unit"
+    unit = "samples/s" if advice.objective == "throughput" else COST_NORMALIZED_UNIT
     out = [
         f"Objective: **{advice.objective}** ({unit}); staleness at most "
         f"**{advice.space.axes.max_staleness}** step(s); {advice.space.base.run.iterations} "
@@ -219,7 +219,7 @@ def _top_table(advice: Advice, runs: pd.DataFrame, n: int = 8) -> list[str]:
             f"| {rank} | {label} | {_fmt(r['throughput_samples_per_s'])} | "
             f"{_fmt(r['cost_normalized_throughput'])} | {r['staleness_bound']} | {r['gpus']} |"
         )
-    return out
+    return [*out, "", f"Throughput in samples/s; cost-normalized in {COST_NORMALIZED_UNIT}."]
 
 
 def _label(r: pd.Series) -> str:

@@ -25,6 +25,7 @@ from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
 from experiments.stop_signal import SigtermUnwinds
+from experiments.summary_format import cost_note, format_metric
 from experiments.sweep_cmd import add_sweep_parser
 from policies.logs import run_log
 from policies.results import SUMMARY_METRICS, RunResult, write_atomic
@@ -81,8 +82,10 @@ def print_summary(result: RunResult, out: Path) -> None:
     table.add_column("value", justify="right")
     for key in SUMMARY_METRICS:
         value = result.metrics.get(key)
-        table.add_row(key, "—" if value is None else f"{value:.4g}")
+        table.add_row(key, format_metric(value))
     console.print(table)
+    if note := cost_note(result.spec, result.metrics):
+        console.print(note)
     if "sim_wall_s" in result.metrics:
         from sim.costs import describe_cost_model
 

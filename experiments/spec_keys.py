@@ -1,8 +1,9 @@
 """Every key of a run spec with its type, default and description (``tandem spec keys``).
 
 Read from the pydantic models of :mod:`policies.spec`, so the list cannot drift from
-what the spec accepts. List items are written ``N`` (``cluster.generation.N.tp``); their
-defaults are those of one new item.
+what the spec accepts; a key whose values are a registry's names (``pipeline.mode``,
+``policies.dispatch``...) lists those names, read from the registry. List items are
+written ``N`` (``cluster.generation.N.tp``); their defaults are those of one new item.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from policies.registry import Registry
 from policies.spec import RunSpec
 
 
@@ -63,6 +65,15 @@ def type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+def field_type(field: FieldInfo) -> str:
+    """``type_name`` of the field; a name from a registry (the registry in its annotation,
+    ``Annotated[str, MODES]``) as ``one of:`` the registry's names."""
+    registries = [m for m in field.metadata if isinstance(m, Registry)]
+    if registries:
+        return "one of: " + ", ".join(registries[0].names())
+    return type_name(field.annotation)
+
+
 def _default(field: FieldInfo) -> Any:
     if field.default is not PydanticUndefined:
         value = field.default
@@ -81,7 +92,7 @@ def spec_keys(model: type[BaseModel] = RunSpec, prefix: str = "") -> list[SpecKe
         key = f"{prefix}{name}"
         section, how = _model_of(field.annotation)
         if section is None or how == "optional":
-            kind = type_name(field.annotation)
+            kind = field_type(field)
             out.append(SpecKey(key, kind, _default(field), field.description))
         if section is None:
             continue

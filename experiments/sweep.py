@@ -5,8 +5,9 @@ Each point's row (its values, metrics or error) is written to ``points/NNNN/row.
 the moment it finishes, and ``results.parquet`` / ``results.csv`` gather every row at the
 end. A second sweep into the same ``--out`` (same spec and grid) resumes: points with a
 row and no error are not simulated again. ``point_timeout_s`` bounds each point: a
-worker over it is killed and its point recorded as failed. Workers die with the sweep
-(``PR_SET_PDEATHSIG``). Both executors simulate a point with
+worker over it is killed and its point recorded as failed, its directory cleared of the
+result files it may have written (``RunResult.clear``; a resume runs it again). Workers
+die with the sweep (``PR_SET_PDEATHSIG``). Both executors simulate a point with
 :func:`experiments.sweep_point.run_point` and are driven by one loop,
 :func:`experiments.sweep_point.run_jobs`.
 """
@@ -17,6 +18,7 @@ import contextlib
 import functools
 import itertools
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,10 @@ from experiments.sweep_point import (
     run_point,
 )
 from experiments.worker_pool import WorkerProcesses
-from policies.results import write_atomic
+from policies.results import RunResult, write_atomic
 from policies.spec import RunSpec, SpecError, parse_override, read_yaml
+
+log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 2  # local worker processes when none are asked for
 
@@ -111,6 +115,14 @@ def _check_same_sweep(out: Path, base: RunSpec, points: list[dict]) -> None:
     write_atomic(path, record.encode())
 
 
+def _clear_failed(directory: Path) -> None:
+    """A failed point's directory must not look like a finished run: a worker stopped while
+    saving (over ``point_timeout_s``, killed) leaves the result files it had written, each
+    whole (``write_atomic``). They go; its spec.yaml and run.log stay, to say what ran."""
+    if gone := RunResult.clear(directory):
+        log.info("%s failed: removed its partial results %s", directory, ", ".join(gone))
+
+
 def _done_rows(out: Path, points: list[dict]) -> dict[int, dict]:
     rows = {}
     for i in range(len(points)):
@@ -141,6 +153,8 @@ def run_sweep(
     def on_row(index: int, row: Row) -> None:
         row = {"point": index, **points[index], **row}
         rows[index] = row
+        if row.get("error") is not None:
+            _clear_failed(point_dir(out, index))
         write_atomic(point_dir(out, index) / "row.json", json.dumps(row, default=str).encode())
         bar.advance(task)
 

@@ -54,7 +54,7 @@ def step_line(r: StepReport) -> str:
         parts.append(f"loss {r.loss:.4g}")
     if r.mean_staleness is not None:
         parts.append(f"staleness {r.mean_staleness:.2f} (max {r.max_staleness})")
-    parts.append(f"pause {r.pause_s:.3f} s")
+    parts.append(f"pause {r.pause_s:.3f} s per instance")  # steps.json's breakdown.pause_s
     return ", ".join(parts)
 
 

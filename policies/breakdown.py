@@ -11,7 +11,9 @@ optimizer step (live and simulated) and, live only, the checkpoint (inside its t
 span) and the bookkeeping (its hooks, inside the span; tracking and progress reports,
 after it). Beside the partition,
 two overlapping figures: the time any generation instance was generating, and the mean
-time an instance was paused for a weight update.
+time an instance was paused for a weight update (``pause_s``: the mean over instances, not
+their sum; the run log's per-step "pause ... s per instance" and the trackers'
+``time/pause_s`` are this figure, ``policies.tracking.StepReport.pause_s``).
 """
 
 from __future__ import annotations

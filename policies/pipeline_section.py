@@ -3,7 +3,7 @@ reach the instances."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -34,7 +34,8 @@ class PipelineSection(_Section):
     ``steps_per_generation − 1`` for ``conventional``), so there it stays unset (or equal
     to that bound): any other value is an error naming the key, never ignored."""
 
-    mode: str = Field(
+    # the registry in the annotation: ``tandem spec keys`` lists its names as the choices
+    mode: Annotated[str, MODES] = Field(
         "stream-async", description="pipeline mode (tandem spec keys lists the registered ones)"
     )
     inflight: SpecInflight = Field(

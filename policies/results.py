@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +38,8 @@ from policies.resources import TRAINER
 from policies.spec import RunSpec
 from policies.trace import trace_json
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class Metric:
@@ -45,6 +49,12 @@ class Metric:
     meaning: str
     in_summary: bool = True  # a row of the CLI's summary table
 
+
+# The unit ``cost_normalized_throughput`` divides by: hardware.csv's
+# ``cost_per_machine_rel_h20`` prices a whole 8-GPU machine, relative to an H20 machine's
+# cost, so a cluster of 16 H20 GPUs costs 2 units (not 16).
+COST_UNIT = "H20-machine cost unit (the cost of one 8-GPU H20 machine)"
+COST_NORMALIZED_UNIT = f"samples/s per {COST_UNIT}"
 
 # Every metric :func:`compute_metrics` reports, for sim and live alike, in this order: the
 # one list the CLI's summary, the tests and the docs take their names from.
@@ -59,7 +69,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("max_staleness", "largest version_trained − version_start"),
     Metric("num_samples_generated", "samples whose generation finished", in_summary=False),
     Metric("num_samples_trained", "samples an optimizer step trained"),
-    Metric("cost_normalized_throughput", "samples/s per H20-GPU unit of cost (sim only)"),
+    Metric("cost_normalized_throughput", f"{COST_NORMALIZED_UNIT}; sim only"),
     Metric("generation_time_s", "mean per-iteration first dispatch to last completion"),
     Metric("iteration_time_s", "run time per optimizer step"),
     Metric("makespan_s", "the run's end time", in_summary=False),
@@ -268,8 +278,20 @@ class RunResult:
             write_atomic(out / "steps.json", json.dumps(steps, indent=2).encode())
         if self.cpu_timeline:
             write_atomic(out / CPU_TIMELINE_FILE, self.cpu_frame().to_csv(index=False).encode())
-        write_atomic(out / "trace.json", self.trace_json())
+        self._save_trace(out / "trace.json")
         return out
+
+    def _save_trace(self, path: Path) -> None:
+        """trace.json, with a log line before and after: for a stepped run (no
+        ``sim.fast_forward``) it is tens of MB and takes a while to build and write."""
+        log.info(
+            "writing %s (%d spans, %d samples)…", path.name, len(self.spans), len(self.samples)
+        )
+        start_s = time.perf_counter()
+        data = self.trace_json()
+        write_atomic(path, data)
+        took_s = time.perf_counter() - start_s
+        log.info("wrote %s (%.1f MB) in %.1f s", path.name, len(data) / 1e6, took_s)
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -140,17 +140,26 @@ class ElasticSection(_Section):
 
 
 class PoliciesSection(_Section):
-    dispatch: str = Field("skewness-aware", description="which instance serves each sample")
+    # each registry in its key's annotation: ``tandem spec keys`` lists its names
+    dispatch: Annotated[str, DISPATCH] = Field(
+        "skewness-aware", description="which instance serves each sample"
+    )
     dispatch_objective: Literal["sum", "max"] = Field(
         "sum", description="skewness-aware: minimise the sum or the max of instance loads"
     )
     long_tail_fraction: float = Field(
         0.2, gt=0, lt=1, description="skewness-aware: share of samples treated as long-tail"
     )
-    scheduling: str = Field("lpt", description="order of requests inside an instance")
-    length_predictor: str = Field("oracle", description="predicted output lengths (dispatch)")
+    scheduling: Annotated[str, SCHEDULING] = Field(
+        "lpt", description="order of requests inside an instance"
+    )
+    length_predictor: Annotated[str, PREDICTORS] = Field(
+        "oracle", description="predicted output lengths (dispatch)"
+    )
     predictor_recall: float = Field(0.87, gt=0, le=1, description="noisy-oracle: top-20% recall")
-    allocation: str = Field("fixed", description="split of GPUs between generation and training")
+    allocation: Annotated[str, ALLOCATION] = Field(
+        "fixed", description="split of GPUs between generation and training"
+    )
     elastic: ElasticSection = Field(default_factory=ElasticSection)
 
     @field_validator("dispatch")

@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from policies.records import SampleRecord, Span, SpanKind, StepStats
-from policies.resources import TRAINER
+from policies.resources import TRAINER, is_generation
 
 TRACKERS = ("none", "tensorboard", "wandb", "mlflow")  # values of ``run.tracking``
 
@@ -69,7 +69,9 @@ class StepReport:
     max_staleness: int | None
     generation_s: float | None  # first dispatch to last completion of the step's samples
     train_s: float | None  # trainer compute time of the step
-    pause_s: float  # generation-instance seconds paused for weight loads in the window
+    # the mean over generation instances of the seconds each was paused for weight loads
+    # in the window: steps.json's ``breakdown.pause_s`` (policies.breakdown), not their sum
+    pause_s: float
     utilization: dict[str, float] = field(default_factory=dict)  # resource -> busy share
 
     def scalars(self) -> dict[str, float]:
@@ -137,8 +139,10 @@ class StepReporter:
         spans = [*self._pending, *update.new_spans]
         self._pending = [s for s in spans if s.end_s > hi]
         self._window_start_s = hi
-        busy, pause_s = _window_busy([*spans, *update.open_spans], lo, hi)
+        busy, paused_s = _window_busy([*spans, *update.open_spans], lo, hi)
         self._resources |= busy.keys()
+        instances = [r for r in self._resources if is_generation(r)]
+        pause_s = paused_s / len(instances) if instances else 0.0
         busy = {r: busy.get(r, 0.0) for r in sorted(self._resources)}
         window_s = hi - lo
         stale = [s.staleness for s in samples if s.staleness is not None]

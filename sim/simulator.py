@@ -386,7 +386,8 @@ class _World:
         )
 
     def _cost_units(self) -> float | None:
-        """GPU cost in H20-GPU units, elastic instances included (colocated GPUs once)."""
+        """GPU cost in H20-machine units (``policies.results.COST_UNIT``: 8 H20 GPUs are 1),
+        elastic instances included (colocated GPUs once)."""
         pools = [(i.pool.hardware, i.pool.tp) for i in self.instances.values()]
         if not self.colocated:
             pools.append((self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -16,7 +17,8 @@ class Hardware:
     hbm_bytes: float
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float
-    cost_per_gpu_rel_h20: float | None  # machine cost / 8 GPUs, relative to an H20 machine
+    # machine cost / 8 GPUs, in H20-machine units: an H20 GPU is 0.125, never 1
+    cost_per_gpu_rel_h20: float | None
 
 
 def data_path(name: str) -> Path:
@@ -42,6 +44,14 @@ def hardware_table() -> dict[str, Hardware]:
             cost_per_gpu_rel_h20=float(cost) / 8 if cost else None,
         )
     return out
+
+
+def hardware_without_cost(names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that hardware.csv gives no ``cost_per_machine_rel_h20`` (or no
+    row), each once, in order: what keeps a run from ``cost_normalized_throughput``."""
+    table = hardware_table()
+    missing = [n for n in names if n not in table or table[n].cost_per_gpu_rel_h20 is None]
+    return list(dict.fromkeys(missing))
 
 
 def hardware(name: str) -> Hardware:

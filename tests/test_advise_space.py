@@ -191,3 +191,12 @@ def test_no_candidate_trains_on_fewer_gpus_than_hold_the_weights_and_gradients()
     assert "a trainer of fewer than 8 H800: cannot hold the model's weights and gradients" in (
         space.left_out
     )
+
+
+def test_cost_normalized_names_the_hardware_hardware_csv_prices_no_machine_of():
+    """Before: 'needs every GPU's cost' without naming the hardware that lacks one."""
+    spec = small_spec().model_copy(deep=True)
+    spec.cluster.trainer.hardware = "H100-SXM"
+    spec = RunSpec.model_validate(spec.model_dump())
+    with pytest.raises(ValueError, match="no cost_per_machine_rel_h20 for H100-SXM$"):
+        plan_space(spec, SpaceOptions(objective="cost-normalized", axes=("dispatch=round-robin",)))

@@ -19,8 +19,13 @@ from experiments import cli
 from experiments.cli import build_parser, main
 from experiments.progress import RunProgress
 from experiments.spec_keys import spec_keys
+from policies.allocation import ALLOCATION
+from policies.dispatch import DISPATCH
 from policies.logs import run_log
+from policies.modes import MODES
+from policies.predictors import PREDICTORS
 from policies.records import SampleRecord, StepStats
+from policies.scheduling import SCHEDULING
 from policies.spec import RunSpec, load_spec
 from policies.tracking import StepUpdate
 
@@ -108,6 +113,25 @@ def test_spec_keys_offers_only_the_inflight_choices_a_spec_accepts():
     for choice in listed.removeprefix("one of: ").split(", "):
         spec = load_spec(None, ["pipeline.mode=pipeline", f"pipeline.inflight={choice}"])
         assert spec.pipeline.inflight == choice
+
+
+@pytest.mark.parametrize(
+    ("key", "registry"),
+    [
+        ("pipeline.mode", MODES),
+        ("policies.dispatch", DISPATCH),
+        ("policies.scheduling", SCHEDULING),
+        ("policies.allocation", ALLOCATION),
+        ("policies.length_predictor", PREDICTORS),
+    ],
+)
+def test_spec_keys_lists_a_registry_backed_keys_names_from_its_registry(key, registry, capsys):
+    """Before: ``str``, though pipeline.mode's description says the keys list its names."""
+    listed = {k.key: k.type for k in spec_keys()}[key]
+    assert listed == "one of: " + ", ".join(registry.names())
+    assert main(["spec", "keys", "--format", "json"]) == 0
+    rows = {r["key"]: r["type"] for r in json.loads(capsys.readouterr().out)}
+    assert rows[key] == listed
 
 
 def test_spec_keys_walks_lists_and_optional_sections():

@@ -40,6 +40,20 @@ def test_a_point_over_its_time_is_stopped_the_others_kept_and_the_exit_is_non_ze
     assert list(frame["point"]) == [0, 1] and frame["error"].notna().tolist() == [False, True]
 
 
+def test_a_point_stopped_while_saving_leaves_no_result_files_that_look_finished(tmp_path):
+    """Before: a point killed over its time after writing metrics.json and samples.parquet
+    (a long trace.json still to write) kept them beside a row saying it failed."""
+    out = tmp_path / "sweep"
+    stopped = out / "points" / "0001"
+    stopped.mkdir(parents=True)
+    for name in ("metrics.json", "samples.parquet"):  # what the killed worker had written
+        (stopped / name).write_text("{}")
+    assert main(["sweep", "streamrl-7b", *GRID, *SMALL, "--out", str(out)]) == 1
+    assert json.loads((stopped / "row.json").read_text())["error"].startswith("TimeoutError")
+    assert not (stopped / "metrics.json").exists() and not (stopped / "samples.parquet").exists()
+    assert (out / "points" / "0000" / "metrics.json").exists()  # the finished point keeps its
+
+
 def test_a_second_sweep_into_the_same_out_skips_the_points_done(tmp_path, capsys):
     out = tmp_path / "sweep"
     main(["sweep", "streamrl-7b", *GRID, *SMALL, "--out", str(out)])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -90,3 +92,16 @@ def test_tandem_trace_names_a_directory_that_holds_no_finished_run(tmp_path: Pat
     assert main(["trace", str(tmp_path)]) == 2
     said = " ".join(capsys.readouterr().out.split())
     assert f"{tmp_path}: not a finished run's directory (no metrics.json" in said
+
+
+def test_saving_says_before_and_after_writing_the_trace(tmp_path, caplog):
+    """Before: a stepped run's 86 MB trace.json took ~55 s with nothing shown (the run's
+    progress bar shows each INFO line of tandem's loggers as its status)."""
+    result = Simulation(small_spec(run__iterations=1)).run()
+    with caplog.at_level(logging.INFO, logger="policies.results"):
+        result.save(tmp_path)
+    lines = [r.getMessage() for r in caplog.records if r.name == "policies.results"]
+    spans, samples = len(result.spans), len(result.samples)
+    assert lines[0] == f"writing trace.json ({spans} spans, {samples} samples)…"
+    size_mb = (tmp_path / "trace.json").stat().st_size / 1e6
+    assert re.fullmatch(rf"wrote trace\.json \({size_mb:.1f} MB\) in \d+\.\d s", lines[1])

@@ -246,3 +246,18 @@ def test_a_finished_live_run_run_again_writes_no_tracking(tmp_path, monkeypatch)
     monkeypatch.setattr("runtime.launcher.check_live_run", lambda *a, **k: None)
     assert main([*args, "--live", "--set", "run.tracking=tensorboard"]) == 0
     assert not (out / "tensorboard").exists()
+
+
+def test_the_step_pause_is_steps_json_mean_over_instances_not_their_sum():
+    """Before: the run log's "pause" summed the instances' pauses (8 instances: 8 times
+    steps.json's ``breakdown.pause_s``, the mean) for the same step."""
+    from policies.breakdown import step_breakdowns
+
+    spec = small_spec(**{"run.iterations": 3, "cluster.generation.0.num_gpus": 4})
+    rep = StepReporter()
+    reports = []
+    result = Simulation(spec).run(on_step=lambda u: reports.append(rep.report(u)))
+    breakdowns = step_breakdowns(result.spans, result.steps)
+    assert len({s.resource for s in result.spans if s.resource.startswith("gen-")}) == 4
+    assert any(b.pause_s > 0 for b in breakdowns)
+    assert [r.pause_s for r in reports] == pytest.approx([b.pause_s for b in breakdowns])

@@ -189,7 +189,7 @@ def cross_dc_section(res: Results, b: sp.Budget, out: Path) -> Section:
         ]
     )
     axes = Axes("max_output_tokens", "cost_normalized_throughput", "setup",
-                "max output length (tokens)", "samples/s per H20-GPU cost unit")  # fmt: skip
+                "max output length (tokens)", "samples/s per H20-machine cost unit")  # fmt: skip
     bars(frame, axes, "7B, stream-async: throughput per cost", out / "cross_dc_cost.png")
     share = pd.DataFrame(
         [_weight_share_row(n, res[sp.weight_share_point(n, b)]) for n in b.lengths]
@@ -226,7 +226,9 @@ def cross_dc_section(res: Results, b: sp.Budget, out: Path) -> Section:
         "Heterogeneous: 32 H20 generate in dc1, 16 H800 train in dc0, weights cross one "
         "80 Gbps link once per step (single sender, then local broadcast); `balanced` shrinks "
         "the faster stage. Single-DC: the 7B setup (32 H800, `balanced`). Cost per GPU from "
-        "hardware.csv (machine cost relative to an H20 machine). 72B transfer share: 64 H20 "
+        "hardware.csv (an 8-GPU machine's cost relative to an H20 machine's, / 8), so "
+        "cost_normalized_throughput is samples/s per H20-machine cost unit (the cost of one "
+        "8-GPU H20 machine; an H800 machine is 2.85 units). 72B transfer share: 64 H20 "
         "(TP 4) generating in dc1 and 64 H800 training in dc0."
     )
     return Section(
