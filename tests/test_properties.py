@@ -22,6 +22,7 @@ from helpers import (
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
+from policies.modes import MODES
 from policies.spec import RunSpec, SpecError
 from sim.simulator import Simulation
 
@@ -58,7 +59,10 @@ def _draw_spec(draw, group: int, kind: str) -> RunSpec:
         algorithm__batch_size=group * draw(st.sampled_from([1, 2, 4])),
         cluster__generation__0__num_gpus=draw(st.integers(1, 4)),
         cluster__generation__0__max_num_seqs=draw(st.sampled_from([1, 2, 4, 64])),
-        cluster__generation__0__datacenter=draw(st.sampled_from(["dc0", "dc1"])),
+        # a colocated mode runs on one GPU group: the trainer's (dc0); others may cross
+        cluster__generation__0__datacenter="dc0"
+        if MODES.get(mode).colocated
+        else draw(st.sampled_from(["dc0", "dc1"])),
         cluster__trainer__num_gpus=draw(st.integers(1, 3)),
         workload__kind=kind,
         workload__max_output_tokens=draw(st.integers(20, 400)),
