@@ -22,6 +22,7 @@ then finish on the old weights.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,13 +41,14 @@ class JoinFailed(RuntimeError):
 
 
 class UpdateRejected(ValueError):
-    """A weight update that was not loaded; names the field (or tensor) at fault.
+    """A join or weight update refused or not loaded; names the body field (or tensor) at
+    fault, or none where no field is (no weight group yet, a stuck worker).
 
     ``status``: the HTTP status to answer (400 metadata, 409 no group, 422 content,
     503 worker stuck, 504 sender stalled)."""
 
-    def __init__(self, field: str, message: str, status: int = 400) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str | None, message: str, status: int = 400) -> None:
+        super().__init__(message if field is None else f"{field}: {message}")
         self.field = field
         self.status = status
 
@@ -155,6 +157,27 @@ def join_limit_s(timeout_s: float) -> float:
     return 3 * timeout_s + 5.0
 
 
+def device_of(engine) -> str:
+    """The device the engine's model runs on (vLLM's ``device_config``; ``cpu`` if unknown)."""
+    config = getattr(getattr(engine, "vllm_config", None), "device_config", None)
+    return str(getattr(config, "device_type", None) or "cpu")
+
+
+RESOLVE_LIMIT_S = 10.0  # a name server that does not answer: refused, not waited on
+
+
+async def check_resolves(host: str, port: int) -> None:
+    """An :class:`UpdateRejected` naming ``master_addr`` unless ``host`` resolves: before,
+    an unresolvable name failed in the worker after gloo's connect timeouts (8.7 s, 504)."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(RESOLVE_LIMIT_S):
+            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError, TimeoutError) as err:
+        why = f"not resolved within {RESOLVE_LIMIT_S:g} s" if isinstance(err, TimeoutError) else err
+        raise UpdateRejected("master_addr", f"{host!r} does not resolve ({why})") from None
+
+
 def _rpc_timed_out(err: Exception, method: str) -> bool:
     """Whether ``collective_rpc`` failed for its own timeout: a ``TimeoutError`` here, or
     the one vLLM's multiprocess executor raises in the engine core, which reaches this
@@ -195,6 +218,8 @@ class ServerControl:
         self._not_updating.set()
         self.pauses = steps_overlap(engine)  # else updates run between steps unpaused
         self.watch = EngineWatch(engine, stall_s)  # does the engine still step?
+        self.device = device_of(engine)
+        self.backends = ("gloo", "nccl") if self.device == "cuda" else ("gloo",)
 
     def salt_requests(self) -> None:
         """Salt every request the engine admits with the served version (any route)."""
@@ -212,6 +237,17 @@ class ServerControl:
         scheduled_ts = getattr(getattr(out, "metrics", None), "scheduled_ts", 0.0)
         scheduled = self.history.version_at(scheduled_ts) if scheduled_ts else None
         return prompt_version(salted, scheduled, getattr(out, "num_cached_tokens", None))
+
+    async def check_join(self, host: str, port: int, backend: str) -> None:
+        """An :class:`UpdateRejected` (400) naming the field of a join that cannot work: a
+        backend this server's device cannot run (``nccl`` on a CPU server was accepted and
+        failed after 8.4 s), a ``master_addr`` that does not resolve."""
+        if backend not in self.backends:
+            raise UpdateRejected(
+                "backend", f"{backend!r} cannot run on this server's {self.device} device: "
+                f"use {' or '.join(map(repr, self.backends))}",
+            )  # fmt: skip
+        await check_resolves(host, port)
 
     async def join_group(
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
@@ -283,14 +319,15 @@ class ServerControl:
                 self._not_updating.set()
                 self._busy_until = 0.0
                 self.watch.touch()  # the engine stepped nothing while it loaded
-                self.last_pause_s = time.perf_counter() - start
+                pause_s = time.perf_counter() - start
+        self.last_pause_s = pause_s  # a loaded update's only (/health pairs it with num_updates)
         stages = {
             **stages,
             "pause_ms": (paused - start) * 1e3,  # the engine's step in flight finishing
             "rpc_ms": (received - paused) * 1e3,  # to the worker, its stages and back
-            "resume_ms": (start + self.last_pause_s - received) * 1e3,
+            "resume_ms": (start + pause_s - received) * 1e3,
         }
-        return UpdateResult(version, len(metas), self.last_pause_s, stages)
+        return UpdateResult(version, len(metas), pause_s, stages)
 
     async def _receive(
         self, version: int, wire: list, digests: list[BucketDigest], timeout_s: float
@@ -319,7 +356,7 @@ class ServerControl:
         has timed out", say) are raised as they are, the server still usable. The wait is
         bounded here too (the in-process executor has no RPC timeout of its own)."""
         if self.stuck:
-            raise UpdateRejected("worker", self.stuck, 503)
+            raise UpdateRejected(None, self.stuck, 503)
         start = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
@@ -332,7 +369,7 @@ class ServerControl:
                 f"the model worker did not return from {method} within {waited_s:.1f} s "
                 f"(the call's limit: {timeout_s:g} s)"
             )
-            raise UpdateRejected("worker", self.stuck, 503) from None
+            raise UpdateRejected(None, self.stuck, 503) from None
 
     async def _pause(self) -> None:
         """``pause_generation(mode="keep", clear_cache=False)`` without its trailing sleep.

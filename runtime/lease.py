@@ -7,9 +7,13 @@ run names itself (its *owner* id, :func:`owner_of`: the same for a run directory
 resume) when it joins, and the server keeps a :class:`RunLease`:
 
 * ``/init_process_group`` from another owner is refused (409) while the lease is held;
-* the holder's weight updates and generation requests renew it; its end releases it
-  (``POST /release``), and a holder that died frees it ``TANDEM_LEASE_S`` seconds (default
-  300) after its last call;
+  a join that succeeds claims it, one that fails leaves it as it was;
+* only control routes (the token, :mod:`runtime.guard`) take or renew it: the holder's
+  joins and weight updates. Generation (``/v1/tandem/generate``, vLLM's routes) is an
+  inference route, open without a token, so it never touches the lease: before, any
+  caller's generate request renewed it, and kept a dead run's hold alive for ever;
+* the holder's end releases it (``POST /release``), and a holder that died frees it
+  ``TANDEM_LEASE_S`` seconds (default 300) after its last join or update;
 * ``/health`` gives the holder and the seconds until the lease is free, so that a run
   attaching to the server is refused at once, by name (``runtime.attach.check_attached``).
 """
@@ -60,19 +64,24 @@ class RunLease:
             return 0.0
         return max(0.0, self.lease_s - (self.clock() - self.seen_s))
 
-    def claim(self, owner: str | None) -> None:
-        """``owner`` joins; a :class:`LeaseHeld` naming the holder while another holds it."""
+    def check(self, owner: str | None) -> None:
+        """A :class:`LeaseHeld` naming the holder while a run other than ``owner`` holds it."""
         if self.owner is not None and owner != self.owner and self.free_in_s() > 0:
             raise LeaseHeld(
                 f"this server serves another run (owner {self.owner}, last call "
                 f"{self.clock() - self.seen_s:.0f} s ago); it is free when that run ends, or "
                 f"{self.free_in_s():.0f} s from now if it died ({LEASE_ENV} on the server)"
             )
+
+    def claim(self, owner: str | None) -> None:
+        """``owner`` has joined: it holds the server from now (after :meth:`check`)."""
+        self.check(owner)
         self.owner, self.seen_s = owner, self.clock()
 
     def renew(self) -> None:
-        """The holder called (a weight update, a generation request)."""
-        self.seen_s = self.clock()
+        """The holder pushed a weight update (a control call: token checked)."""
+        if self.owner is not None:
+            self.seen_s = self.clock()
 
     def release(self, owner: str | None) -> bool:
         """The holder ended: the server is free at once. False for any other caller."""

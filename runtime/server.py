@@ -15,6 +15,9 @@ vLLM builds the app (``/v1/completions``, ``/v1/chat/completions``, ... on an
 * the headers ``X-Tandem-Version-Start`` / ``X-Tandem-Version-End`` on every response: the
   weight version when the request arrived and when its response started.
 
+A refusal of these routes names the request field at fault in the error body's ``param``,
+as vLLM's validation errors do (:mod:`runtime.route_errors`).
+
 Every request passes :class:`runtime.guard.Guard` first, before its body is read: control
 routes (ours and any other route that is neither inference nor a public probe) need
 ``Authorization: Bearer <token>``, inference routes the API key if one is set, and
@@ -31,7 +34,7 @@ import os
 import signal
 import sys
 
-from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware import Middleware
@@ -51,6 +54,7 @@ from runtime.guard import Guard, GuardPolicy
 from runtime.http_pool import SERVER_KEEP_ALIVE_S
 from runtime.lease import LeaseHeld, RunLease, lease_s_from_env
 from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
+from runtime.route_errors import RouteError, install_route_errors
 from runtime.vllm_plugin import SPIN_ENV
 from runtime.weight_sync import BucketDigest, ParamMeta
 
@@ -65,14 +69,16 @@ class _Body(BaseModel):
 # the longest a join or an update may be given: past it a deadline overflowed (1e300:
 # "Python int too large") or came out in the past (1e12: an immediate timeout)
 MAX_TIMEOUT_S = 86_400.0
+# the most ranks a weight group may have (10**20 failed in the worker: "can't serialize")
+MAX_WORLD_SIZE = 65_536
 
 
 class InitGroupBody(_Body):
     master_addr: str
     master_port: int = Field(ge=1, le=65535)
     rank: int = Field(ge=1, description="this server's rank; the trainer is rank 0")
-    world_size: int = Field(ge=2)
-    backend: str = Field("gloo", pattern="^(gloo|nccl)$")
+    world_size: int = Field(ge=2, le=MAX_WORLD_SIZE)
+    backend: str = Field("gloo", pattern="^(gloo|nccl)$")  # and one the device runs
     timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
     owner: str | None = Field(None, max_length=64, description="the run's id (runtime.lease)")
 
@@ -135,9 +141,8 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
     _weight_group_routes(router, control, lease)
     batch = BatchGenerator(control.engine, control)
 
-    @router.post("/v1/tandem/generate")
+    @router.post("/v1/tandem/generate")  # inference: never touches the lease (runtime.lease)
     async def tandem_generate(body: BatchBody) -> StreamingResponse:
-        lease.renew()
         return StreamingResponse(batch.stream(body), media_type="application/x-ndjson")
 
     @router.get("/v1/tandem/params")
@@ -173,32 +178,36 @@ def _weight_group_routes(router: APIRouter, control: ServerControl, lease: RunLe
     @router.post("/init_process_group")
     async def init_process_group(body: InitGroupBody) -> dict:
         if body.rank >= body.world_size:
-            raise HTTPException(400, f"rank: {body.rank} must be < world_size {body.world_size}")
+            raise RouteError(
+                400, f"rank: {body.rank} must be < world_size {body.world_size}", "rank"
+            )
         try:
-            lease.claim(body.owner)
+            await control.check_join(body.master_addr, body.master_port, body.backend)
+            lease.check(body.owner)  # no await from here to the join's start: no other joins
             await control.join_group(
                 body.master_addr, body.master_port, body.rank, body.world_size, body.backend,
                 body.timeout_s,
             )  # fmt: skip
         except UpdateRejected as err:
-            raise HTTPException(err.status, str(err)) from None
+            raise RouteError(err.status, str(err), err.field) from None
         except LeaseHeld as err:
-            raise HTTPException(409, str(err)) from None
-        except Exception as err:  # the trainer never came (timeout), wrong address...
-            raise HTTPException(504, f"joining the weight group failed: {err}") from None
+            raise RouteError(409, str(err), "owner") from None
+        except Exception as err:  # the trainer never came (timeout), nothing listened...
+            raise RouteError(504, f"joining the weight group failed: {err}") from None
+        lease.claim(body.owner)  # joined: a join that failed leaves the lease as it was
         return {"joined": True, "rank": body.rank}
 
     @router.post("/request_weight_update")
     async def request_weight_update(body: WeightUpdateBody) -> UpdateResponse:
-        lease.renew()
+        lease.renew()  # a control route: the token was checked (runtime.guard)
         metas = [ParamMeta(p.name, tuple(p.shape), p.dtype) for p in body.params]
         digests = [BucketDigest(**b.model_dump()) for b in body.buckets or []]
         try:
             result = await control.update(body.version, metas, digests, body.timeout_s)
         except UpdateRejected as err:  # the previous weights keep serving
-            raise HTTPException(err.status, str(err)) from None
+            raise RouteError(err.status, str(err), err.field) from None
         except Exception as err:  # the previous weights keep serving
-            raise HTTPException(500, f"weight update failed: {err}") from None
+            raise RouteError(500, f"weight update failed: {err}") from None
         return UpdateResponse(
             version=result.version,
             num_tensors=result.num_tensors,
@@ -238,6 +247,7 @@ class VersionHeaders:
 def mount_contract(app: FastAPI, control: ServerControl, policy: GuardPolicy) -> None:
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
     app.include_router(control_router(control, RunLease(lease_s_from_env())))
+    install_route_errors(app)
     # vLLM has already built the middleware stack: add ours and let Starlette rebuild it;
     # the guard goes first (outermost): nothing is read before it has checked
     app.user_middleware.insert(0, Middleware(VersionHeaders, control=control))

@@ -106,10 +106,10 @@ def bucket_digests(buckets: Sequence[Bucket], flats: Sequence[torch.Tensor]) -> 
 
 @dataclass(slots=True, frozen=True)
 class ReceiveFailure:
-    """Why an update was not loaded; ``field`` names the request field or tensor at fault."""
+    """Why an update was not loaded; ``field``: the request field or tensor at fault, if any."""
 
     kind: str  # "mismatch" (bad content), "timeout" (nothing or too little arrived), "no-group"
-    field: str
+    field: str | None
     message: str
 
     def to_dict(self) -> dict:
@@ -351,7 +351,7 @@ class WeightReceiver:
         group = getattr(self, "tandem_group", None)
         if group is None:
             return {"failure": ReceiveFailure(
-                "no-group", "version", "no weight group: call /init_process_group first"
+                "no-group", None, "no weight group: call /init_process_group first"
             ).to_dict()}  # fmt: skip
         t0 = time.perf_counter()
         metas = [ParamMeta(n, tuple(s), d) for n, s, d in wire]

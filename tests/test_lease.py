@@ -27,7 +27,7 @@ def test_another_run_is_refused_until_the_holder_releases_or_goes_silent_for_the
     clock.now += 200
     with pytest.raises(LeaseHeld, match=r"owner run-a, last call 200 s ago.*100 s from now"):
         lease.claim("run-b")
-    lease.renew()  # run-a pushed or generated
+    lease.renew()  # run-a pushed
     clock.now += 299
     assert lease.free_in_s() == pytest.approx(1.0)
     with pytest.raises(LeaseHeld):

@@ -230,6 +230,33 @@ def test_max_tokens_past_the_context_gets_an_error_line_naming_it(server):
     assert lines[1]["token_ids"]
 
 
+def test_a_join_that_cannot_work_is_a_400_naming_its_field_and_no_join_takes_the_lease(
+    server, token, sender
+):
+    """Before (a user's probes): world_size 10**20, backend nccl on this CPU server and an
+    unresolvable master_addr were 504s (the last two after 8.4 / 8.7 s), tandem's own 400s
+    had ``param`` null, a join that failed with an owner claimed the lease for 300 s, and
+    a generate request without a token renewed it."""
+    auth = {"Authorization": f"Bearer {token}"}
+    join = {"master_addr": "127.0.0.1", "master_port": free_port(), "rank": 1,
+            "world_size": 2, "timeout_s": 1}  # fmt: skip
+    refusals = [("world_size", 10**20), ("backend", "nccl"), ("master_addr", "no such host!!"),
+                ("rank", 2)]  # fmt: skip
+    for field, value in refusals:
+        resp = httpx.post(server + "/init_process_group", json={**join, field: value},
+                          headers=auth, timeout=30)  # fmt: skip
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == f"body.{field}", resp.text
+    failed = httpx.post(server + "/init_process_group", json={**join, "owner": "ghost"},
+                        headers=auth, timeout=60)  # fmt: skip
+    assert failed.status_code == 504, failed.text
+    assert httpx.post(server + "/v1/tandem/generate", json=_batch(), timeout=60).status_code == 200
+    health = _health(server)
+    assert (health["status"], health["owner"], health["free_in_s"]) == ("ok", None, 0.0)
+    sender.join()  # the failed join closed the group: a run's join and update work on
+    assert sender.update(health["version"] + 1, sent=sender.named).status_code == 200
+
+
 JOIN = {"master_addr": "127.0.0.1", "master_port": 1, "rank": 1, "world_size": 2}
 UPDATE = {"version": 1, "params": [{"name": "lm_head.weight", "shape": [3], "dtype": "float32"}]}
 

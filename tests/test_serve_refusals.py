@@ -1,0 +1,158 @@
+"""What a user's probes of ``tandem serve`` found (docs/reliability.md, "Probes against
+``tandem serve``"): the run lease held without a token, join input answered 504 instead of
+a 400 naming its field, error bodies without ``param``, a refused update recorded as a pause.
+
+The routes run in a FastAPI app with the guard in front and an engine whose worker answers
+from a script (no vLLM)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from runtime.control import ServerControl
+from runtime.guard import Guard, GuardPolicy
+from runtime.lease import RunLease
+from runtime.route_errors import install_route_errors
+from runtime.server import InitGroupBody, control_router
+from runtime.weight_sync import WeightReceiver
+
+TOKEN = {"Authorization": "Bearer secret"}
+GLOO_REFUSED = "RuntimeError: The client socket has timed out after 3000ms while trying to connect"
+JOIN = {"master_addr": "127.0.0.1", "master_port": 18399, "rank": 1, "world_size": 2}
+UPDATE = {
+    "version": 1,
+    "params": [{"name": "w", "shape": [2], "dtype": "float32"}],
+    "buckets": [{"dtype": "float32", "num_tensors": 1, "num_bytes": 8, "blake2b": "0" * 32}],
+}
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Engine:
+    """A CPU engine whose worker answers each call with the next of ``answers``; generation
+    fails each sample (no renderer), which still answers the route with 200."""
+
+    # vLLM's CPU engine: one step at a time (updates load unpaused), on the cpu device
+    vllm_config = SimpleNamespace(
+        max_concurrent_batches=1, device_config=SimpleNamespace(device_type="cpu")
+    )
+
+    def __init__(self, *answers) -> None:
+        self.answers = list(answers)
+        self.methods: list[str] = []
+
+    def get_tokenizer(self) -> None:
+        return None
+
+    async def collective_rpc(self, method: str, timeout: float, args: tuple) -> list:
+        self.methods.append(method)
+        return self.answers.pop(0)
+
+
+def _client(engine: _Engine, lease: RunLease | None = None) -> TestClient:
+    control = ServerControl(engine, {"w": ((2,), "float32")})
+    app = FastAPI()
+    app.include_router(control_router(control, lease or RunLease()))
+    install_route_errors(app)  # as runtime.server.mount_contract does
+    app.add_middleware(Guard, policy=GuardPolicy(token="secret"))
+    return TestClient(app)
+
+
+def _error(resp) -> dict:
+    return resp.json()["error"]
+
+
+def test_generation_without_a_token_does_not_renew_the_lease():
+    """Before: every /v1/tandem/generate (an inference route, open without a token)
+    renewed the lease, so any client kept a dead run's hold on the server for ever."""
+    clock = Clock()
+    lease = RunLease(lease_s=300.0, clock=clock)
+    with _client(_Engine([{}]), lease) as client:
+        joined = client.post("/init_process_group", json={**JOIN, "owner": "run-a"}, headers=TOKEN)
+        assert joined.status_code == 200, joined.text
+        clock.now += 250
+        generated = client.post(
+            "/v1/tandem/generate", json={"samples": [{"prompt": "N:3=", "max_tokens": 4}]}
+        )
+        assert generated.status_code == 200, generated.text
+        health = client.get("/health").json()
+    assert (health["owner"], health["free_in_s"]) == ("run-a", 50.0)
+
+
+def test_a_join_that_fails_does_not_claim_the_lease():
+    """Before: a join whose trainer never came (504) claimed the lease for 300 s, and the
+    run that then attached was refused "serves another run (owner ghost; ...)"."""
+    engine = _Engine([{"failure": GLOO_REFUSED}], [{}])
+    with _client(engine) as client:
+        failed = client.post("/init_process_group", json={**JOIN, "owner": "ghost"}, headers=TOKEN)
+        assert failed.status_code == 504, failed.text
+        health = client.get("/health").json()
+        assert (health["owner"], health["free_in_s"]) == (None, 0.0)
+        joined = client.post("/init_process_group", json={**JOIN, "owner": "run"}, headers=TOKEN)
+        assert joined.status_code == 200, joined.text
+        assert client.get("/health").json()["owner"] == "run"
+
+
+@pytest.mark.parametrize("world_size", [10**20, 10**18, 65_537])
+def test_a_weight_group_of_absurd_size_is_refused_naming_world_size(world_size):
+    """Before: world_size 10**20 reached the worker: 504 "can't serialize ints ..."."""
+    with pytest.raises(ValidationError, match="world_size"):
+        InitGroupBody(**{**JOIN, "world_size": world_size})
+    assert InitGroupBody(**{**JOIN, "world_size": 65_536}).world_size == 65_536
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("backend", "nccl", "'nccl' cannot run on this server's cpu device: use 'gloo'"),
+        ("master_addr", "no such host!!", "'no such host!!' does not resolve"),
+    ],
+)
+def test_a_join_that_cannot_work_is_a_400_naming_its_field_and_the_server_stays_usable(
+    field, value, said
+):
+    """Before: backend nccl on a CPU server and an unresolvable master_addr reached the
+    worker and failed there after 8.4 / 8.7 s (504)."""
+    engine = _Engine([{}])
+    with _client(engine) as client:
+        resp = client.post("/init_process_group", json={**JOIN, field: value}, headers=TOKEN)
+        assert resp.status_code == 400, resp.text
+        assert _error(resp)["message"].startswith(f"{field}: {said}")
+        assert _error(resp)["param"] == f"body.{field}"
+        assert engine.methods == []  # refused before the worker
+        assert client.get("/health").json()["status"] == "ok"
+        assert client.post("/init_process_group", json=JOIN, headers=TOKEN).status_code == 200
+
+
+def test_tandems_own_refusals_name_their_field_in_param():
+    """Before: vLLM's validation errors filled ``param``, tandem's own checks left it null."""
+    with _client(_Engine()) as client:
+        rank = client.post("/init_process_group", json={**JOIN, "rank": 2}, headers=TOKEN)
+        bad = {**UPDATE, "params": [{"name": "w", "shape": [3], "dtype": "float32"}]}
+        shape = client.post("/request_weight_update", json=bad, headers=TOKEN)
+    assert (rank.status_code, _error(rank)["param"]) == (400, "body.rank")
+    assert (shape.status_code, _error(shape)["param"]) == (400, "body.params.0.shape")
+    assert _error(shape)["message"] == "params[0].shape: [3] != [2]"
+
+
+def test_an_update_before_any_join_names_no_field_and_records_no_pause():
+    """Before: 409 "version: no weight group ..." named ``version``, not at fault, and
+    /health's last_pause_s went from null to 0.0012 while num_updates stayed 0."""
+    no_group = WeightReceiver().tandem_receive([("w", (2,), "float32")], UPDATE["buckets"], 1.0)
+    with _client(_Engine([no_group])) as client:  # the worker's own answer
+        resp = client.post("/request_weight_update", json=UPDATE, headers=TOKEN)
+        health = client.get("/health").json()
+    assert resp.status_code == 409, resp.text
+    assert _error(resp)["message"] == "no weight group: call /init_process_group first"
+    assert _error(resp)["param"] is None
+    assert (health["num_updates"], health["last_pause_s"]) == (0, None)
