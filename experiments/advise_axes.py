@@ -83,6 +83,12 @@ def apply_axes(axes: SearchAxes, overrides: list[str]) -> SearchAxes:
             axes = replace(axes, split_parts=values[0])
             continue
         _check_values(name, values, text)
+        if name == "lag" and (stale := [v for v in values if v > axes.max_staleness]):
+            raise SpecError(
+                f"--axis {text!r}: lag {stale[0]} trains on samples up to {stale[0]} steps "
+                f"stale, over --max-staleness {axes.max_staleness} (the input's own bound by "
+                "default): raise --max-staleness to search it"
+            )
         axes = replace(axes, **{_FIELDS[name]: tuple(values)})
     return axes
 

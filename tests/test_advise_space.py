@@ -200,3 +200,12 @@ def test_cost_normalized_names_the_hardware_hardware_csv_prices_no_machine_of():
     spec = RunSpec.model_validate(spec.model_dump())
     with pytest.raises(ValueError, match="no cost_per_machine_rel_h20 for H100-SXM$"):
         plan_space(spec, SpaceOptions(objective="cost-normalized", axes=("dispatch=round-robin",)))
+
+
+def test_a_lag_over_the_staleness_bound_is_refused_not_dropped():
+    """Before: --axis lag=7 under the input's bound of 1 vanished from the space unsaid."""
+    with pytest.raises(SpecError, match=r"lag 7 trains on samples up to 7 steps stale, over "
+                       r"--max-staleness 1"):  # fmt: skip
+        plan_space(small_spec(), SpaceOptions(axes=("lag=1,7",)))
+    wide = plan_space(small_spec(), SpaceOptions(max_staleness=7, axes=("lag=1,7",)))
+    assert 7 in {c.structure.lag for c in wide.candidates}
