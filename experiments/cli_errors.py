@@ -81,6 +81,8 @@ def _handle(
             f"is not installed; {LIVE_INSTALL_HINT}"
         )
         return 2
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
-        console.print(f"[yellow]{stop.what()}[/yellow]")
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM
+        resume = getattr(err, "resume_command", None)  # a live run's (runtime.errors)
+        line = f"; resume with: {escape(resume)}" if resume else ""
+        console.print(f"[yellow]{stop.what()}[/yellow]{line}", soft_wrap=True)
         return stop.exit_code()

@@ -73,7 +73,13 @@ class LogLogger:
 
 
 class TensorBoardLogger:
-    """Scalars in a TensorBoard event file (the ``tensorboard`` package's own writer)."""
+    """Scalars in a TensorBoard event file (the ``tensorboard`` package's own writer).
+
+    Each writer (a run, or each part of a resumed one) writes a new file, which begins
+    with a session start at the first step it logs, as ``SummaryWriter(purge_step=)``
+    does: TensorBoard then hides the earlier files' events from that step on, so the
+    steps a stopped part logged after its checkpoint, trained again on resume, keep one
+    value (the resumed part's)."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = Path(log_dir)
@@ -88,6 +94,12 @@ class TensorBoardLogger:
             self._writer = EventFileWriter(str(self.log_dir))
         return self._writer
 
+    def _purge_from(self, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        start = SessionLog(status=SessionLog.START)
+        self._open().add_event(Event(wall_time=time.time(), step=step, session_log=start))
+
     def _write(self, step: int, values: dict[str, float]) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
@@ -96,6 +108,8 @@ class TensorBoardLogger:
         self._open().add_event(Event(wall_time=time.time(), step=step, summary=summary))
 
     def log_step(self, report: StepReport) -> None:
+        if self._writer is None:  # this part's first step: earlier parts' from it are stale
+            self._purge_from(report.step)
         self._last_step = report.step
         self._write(report.step, report.scalars())
         self._writer.flush()  # as it happens: a reader sees every finished step

@@ -46,7 +46,8 @@ class LiveSection(Section):
         0.0,
         ge=0,
         description="a due checkpoint is skipped while the last one is younger than this "
-        "(seconds of the run clock); the run's last step always checkpoints",
+        "(seconds of the run clock); the run's last step always checkpoints, and so does "
+        "the last trained step at a Ctrl-C or SIGTERM",
     )
     keep_checkpoints: int = count(
         3,

@@ -30,7 +30,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -56,37 +55,18 @@ from policies.modes.events import (
 from policies.records import InflightHandling, Request, SpanKind
 from policies.resources import TRAINER, generation_resource
 from policies.tracking import StepUpdate
+from runtime.actor_config import ActorConfig
 from runtime.checkpoints import CheckpointCadence
 from runtime.gen_client import Generated, GenerationClient, SampleFailed
+from runtime.graceful_stop import RunStopped, StopRequested
 from runtime.groups import GroupBook
-from runtime.history import HistoryJournal, journal_path
 from runtime.jobs import Failed, JobQueue
-from runtime.recorder import DataPosition, Recorder
+from runtime.recorder import Recorder
 from runtime.server_faults import Lost, ServerFaults
+from runtime.step_checkpoints import StepCheckpoints
 from runtime.supervisor import Servers
 from runtime.tasks import TaskSet
 from runtime.trainer_proc import PushResult, TrainerProcess
-
-
-@dataclass(slots=True, frozen=True)
-class ActorConfig:
-    group_size: int
-    step_offset: int = 0  # first global step of this (possibly resumed) run
-    checkpoint_path: str | None = None
-    checkpoint_every: int = 1
-    checkpoint_interval_s: float = 0.0  # at least this between two (but the last step's)
-    sampling_seed: int | None = 0  # per-sample seeds from (this, sample id); None: unseeded
-    length_update_every: int = 32  # finished samples per update of an online length predictor
-    weight_host: str = "127.0.0.1"  # where the trainer hosts the weight group (live.host)
-    weight_backend: str = "gloo"
-    num_steps: int | None = None  # the run's global number of steps (for step updates)
-
-    def seed_of(self, request: Request) -> int | None:
-        """The sampling seed of one sample: the same sample draws the same random numbers
-        in every run and mode (its tokens still differ where the weights do)."""
-        if self.sampling_seed is None:
-            return None
-        return (self.sampling_seed * 1_000_003 + request.sample_id) % 2**31
 
 
 class Actor:
@@ -105,14 +85,17 @@ class Actor:
         on_step: Callable[[StepUpdate], None] | None = None,
     ) -> None:
         self.config = config
-        c = config  # which optimizer steps checkpoint
-        self._cadence = CheckpointCadence(c.checkpoint_every, c.checkpoint_interval_s, c.num_steps)
         self.controller = controller
         self.clients = clients
         self.trainer = trainer
         self.tasks = tasks
         self.priority = priority
         self.recorder = recorder
+        c = config  # which optimizer steps checkpoint, and how
+        cadence = CheckpointCadence(c.checkpoint_every, c.checkpoint_interval_s, c.num_steps)
+        self.checkpoints = StepCheckpoints(
+            c.checkpoint_path, cadence, c.step_offset, trainer, recorder, self.now
+        )
         self.learn_lengths = learn_lengths  # an online length predictor's update, if any
         self.on_step = on_step  # gets a StepUpdate after every optimizer step (tracking)
         self._lengths_seen: tuple[list[Request], list[int]] = ([], [])
@@ -120,6 +103,7 @@ class Actor:
         self.pauses_s: list[float] = []
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._jobs = JobQueue()
+        self._trainer_free = asyncio.Lock()  # held by the job in progress, and by a stop
         self._push_order = asyncio.Lock()  # pushes reach the trainer in command order
         self._idle = asyncio.Event()  # set while no request is running on any server
         self._idle.set()
@@ -158,6 +142,8 @@ class Actor:
                 event = await self._events.get()
                 if isinstance(event, Failed):
                     raise event.error
+                if isinstance(event, StopRequested):
+                    await self._stop()
                 if isinstance(event, Lost):
                     await self._execute(await self.faults.handle_lost(event))
                     continue
@@ -166,6 +152,17 @@ class Actor:
         finally:
             for t in list(self._tasks):
                 t.cancel()
+
+    def request_stop(self) -> None:
+        """Stop the run with its last trained step checkpointed (runtime.graceful_stop)."""
+        self._events.put_nowait(StopRequested())
+
+    async def _stop(self) -> None:
+        """Let the trainer's job in progress finish and start no other (the lock is never
+        given back); checkpoint the last completed step if the cadence skipped it."""
+        await self._trainer_free.acquire()
+        await self.checkpoints.at_stop()
+        raise RunStopped("the run stopped on request, its last trained step checkpointed")
 
     def post(self, event: Any) -> None:
         """Queue an event for the loop (the fault handler's way in)."""
@@ -277,7 +274,9 @@ class Actor:
 
     async def _trainer_loop(self) -> None:
         while True:  # a job's error ends the loop and the run (spawn)
-            await (await self._jobs.get())()
+            job = await self._jobs.get()
+            async with self._trainer_free:
+                await job()
 
     async def _train(self, cmd: TrainSamples) -> None:
         step = self._global(cmd.step)
@@ -303,12 +302,8 @@ class Actor:
         self.recorder.steps.append(entry)
         stepped = self.now()
         entry["end_s"] = stepped  # not start + busy_s: its micro-batches ran earlier
-        path = self._checkpoint_for(step)
-        if path:  # the history goes to the journal first, only what is new (runtime.history)
-            delta = self.recorder.journal_delta(step, self.now())
-            HistoryJournal(journal_path(path)).append(delta)
-            slim = DataPosition(delta.next_step, delta.time_s, [], [], [], journal=True)
-            await self.trainer.checkpoint(path, slim)
+        if self.checkpoints.due(step):
+            await self.checkpoints.write(step)
         saved = self.now()
         if self.after_step is not None:
             await self.after_step(step)
@@ -324,10 +319,6 @@ class Actor:
         )  # fmt: skip
         local = dataclasses.replace(stats, step=cmd.step, version=cmd.step + 1, end_s=end)
         self._events.put_nowait(TrainStepDone(end, local))
-
-    def _checkpoint_for(self, step: int) -> str | None:
-        path = self.config.checkpoint_path
-        return path if path and self._cadence.due(step, self.now()) else None
 
     async def _push(self, local_version: int, inflight: InflightHandling) -> None:
         """Push the weights of ``local_version`` as soon as the servers may take them.

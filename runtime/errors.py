@@ -19,6 +19,15 @@ class TrainerFailed(LiveRunError):
     its error's first line; the traceback goes to the run's log."""
 
 
+class ResumableStop(KeyboardInterrupt):
+    """A live run stopped by Ctrl-C or SIGTERM after a checkpoint: the interrupt, with the
+    command that goes on from that checkpoint."""
+
+    def __init__(self, message: str, resume_command: str) -> None:
+        super().__init__(f"{message}; resume with: {resume_command}")  # run.log's last line
+        self.resume_command = resume_command
+
+
 class NonFiniteGradient(LiveRunError):
     """An optimizer step's gradient was NaN or infinite: the step was not applied."""
 

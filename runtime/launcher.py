@@ -37,8 +37,10 @@ from runtime.attach import (
     inference_key,
     release_attached,
 )
+from runtime.checkpoints import readable
 from runtime.core_loan import CoreLoan
-from runtime.errors import LiveRunError, ProcessDied, TrainerFailed
+from runtime.errors import LiveRunError, ProcessDied, ResumableStop, TrainerFailed
+from runtime.graceful_stop import StopRequests
 from runtime.lease import owner_of
 from runtime.live_run import (
     AfterStep,
@@ -115,24 +117,34 @@ def run_live(
     resume a run directory even with a spec that changes training. ``after_step(step)``
     is awaited after every optimizer step and its checkpoint (tests); ``on_step`` gets a
     :class:`StepUpdate` after every optimizer step, as it happens (progress, tracking).
-    ``ray_address``: run on that Ray cluster (``local``: start one on this machine)."""
+    ``ray_address``: run on that Ray cluster (``local``: start one on this machine).
+    Ctrl-C and SIGTERM checkpoint the last trained step first (runtime.graceful_stop);
+    the interrupt of a run with a checkpoint is a ``ResumableStop`` naming its command."""
     check_live_run(spec, ray_address)
     run_dir = RunDir(Path(out_dir), ray_address)
     run_dir.prepare(spec, force_new_spec)  # before anything starts
-    with run_log(run_dir.path):
-        if run_dir.finished(spec):
-            log.info("%s holds this run, finished: its results as they are", run_dir.path)
-            return RunResult.load(run_dir.path)
-        if ray_address is not None:
-            from runtime.ray_launcher import run_on_ray
+    try:
+        with run_log(run_dir.path), StopRequests() as stops:
+            if run_dir.finished(spec):
+                log.info("%s holds this run, finished: its results as they are", run_dir.path)
+                return RunResult.load(run_dir.path)
+            if ray_address is not None:
+                from runtime.ray_launcher import run_on_ray
 
-            return run_on_ray(spec, run_dir, ray_address, length_predictor, after_step, on_step)
-        return _run_processes(spec, run_dir, length_predictor, after_step, on_step)
+                return run_on_ray(
+                    spec, run_dir, ray_address, length_predictor, after_step, on_step, stops
+                )
+            return _run_processes(spec, run_dir, length_predictor, after_step, on_step, stops)
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM: resumable once it checkpointed
+        if readable(run_dir.checkpoint) is None:
+            raise
+        raise ResumableStop(str(err), run_dir.resume_command()) from err
 
 
 def _run_processes(
-    spec: RunSpec, run_dir: RunDir, length_predictor, after_step, on_step
-) -> RunResult:
+    spec: RunSpec, run_dir: RunDir, length_predictor, after_step, on_step,
+    stops: StopRequests | None = None,
+) -> RunResult:  # fmt: skip
     """Start (or attach to) the servers and the trainer, run, stop what was started."""
     model_dir = model_dir_for(spec)
     token = control_token(spec.live)
@@ -151,7 +163,9 @@ def _run_processes(
         run_dir.record_processes(
             {"trainer": trainer.pid, **{f"server-{p.instance_id}": p.proc.pid for p in started}}
         )
-        run = drive(spec, run_dir, trainer, servers, length_predictor, after_step, on_step)
+        run = drive(
+            spec, run_dir, trainer, servers, length_predictor, after_step, on_step, stops=stops
+        )
         return asyncio.run(run)
     except (ProcessDied, TrainerFailed) as err:  # the run goes on from its checkpoint
         raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None

@@ -13,6 +13,7 @@ trained twice in any mode.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections import deque
@@ -33,6 +34,7 @@ from runtime.attach import inference_key
 from runtime.cost import live_cost_model
 from runtime.cpu_timeline import CpuTimeline
 from runtime.gen_client import GenerationClient
+from runtime.graceful_stop import StopRequests
 from runtime.history import resume_position
 from runtime.host_cpu import cpu_use_metrics, process_age_s, run_cpu_by_role, run_pids_by_role
 from runtime.procs import free_port
@@ -133,11 +135,12 @@ def trainer_config(spec: RunSpec, model_dir: str) -> TrainerConfig:
 async def drive(
     spec: RunSpec, run_dir: RunDir, trainer: TrainerClient, servers: Servers,
     length_predictor, after_step: AfterStep | None, on_step, own_gpus: bool = False,
-    host_cpu: bool = True,
+    host_cpu: bool = True, stops: StopRequests | None = None,
 ) -> RunResult:  # fmt: skip
     """``own_gpus``: the launcher gave the trainer and each server GPUs of their own.
     ``host_cpu``: the run's processes are this process's children, so its CPU use by role
-    is measured (not on Ray: its actors are the raylet's, on any node)."""
+    is measured (not on Ray: its actors are the raylet's, on any node). ``stops``: the
+    stop signals the actor loop takes while it runs (runtime.graceful_stop)."""
     ckpt = run_dir.checkpoint
     recorder, trained_ids, offset, time_offset_s = await _start_position(trainer, ckpt)
     recorder.on_fault = run_dir.append_fault  # faults.json is current during the run
@@ -165,7 +168,7 @@ async def drive(
             actor.start_clock(time_offset_s)
             keep = _stopped_cpu_rows(run_dir, offset, time_offset_s)
             end_s, cpu_rows = await _run_clocked(
-                spec, actor, trainer, servers, offset, host_cpu, keep
+                spec, actor, trainer, servers, offset, host_cpu, keep, stops
             )
             cpu_after = _cpu(trainer, servers) if host_cpu else {}
             startup.update(
@@ -229,18 +232,21 @@ def _stopped_cpu_rows(run_dir: RunDir, offset: int, time_offset_s: float) -> Kee
 async def _run_clocked(
     spec: RunSpec, actor: Actor, trainer: TrainerClient, servers: Servers, offset: int,
     host_cpu: bool = True, keep_stopped: KeepRows | None = None,
+    stops: StopRequests | None = None,
 ) -> tuple[float, list[dict[str, float]]]:  # fmt: skip
     """Load the trainer's weights on the servers and run, on the clock the actor started;
     the run's end time and its CPU timeline (none without ``host_cpu``). A run stopped
     before its end (SIGTERM, Ctrl-C, an error) hands its rows so far to ``keep_stopped``:
-    the part that resumes it keeps them."""
+    the part that resumes it keeps them. While the actor runs, ``stops`` makes SIGTERM
+    and Ctrl-C checkpoint its last trained step first (runtime.graceful_stop)."""
     timeline = _cpu_timeline(spec, trainer, servers, actor.now) if host_cpu else None
     stopped = True
     try:
         log.info("loading the trainer's weights on the servers")
         await actor.push_now(offset)  # the servers serve the trainer's weights
         log.info("running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode)
-        end_s = await actor.run()
+        with stops.listening(actor.request_stop) if stops else contextlib.nullcontext():
+            end_s = await actor.run()
         stopped = False
     finally:
         cpu_rows = timeline.stop() if timeline else []

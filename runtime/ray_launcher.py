@@ -30,6 +30,7 @@ from policies.results import RunResult
 from policies.spec import RunSpec
 from runtime.attach import control_token, inference_key
 from runtime.errors import LiveRunError, ProcessDied
+from runtime.graceful_stop import StopRequests
 from runtime.live_run import AfterStep, OnStep, drive, live_device, model_dir_for, trainer_config
 from runtime.ray_actors import ANSWERS_GROUP, ServerActor, ServerSettings, TrainerRank
 from runtime.ray_handles import RayServers, RayTrainerGroup
@@ -53,7 +54,7 @@ PLACEMENT_TIMEOUT_S = 120.0  # a placement group not placed by then cannot be (r
 
 def run_on_ray(
     spec: RunSpec, run_dir: RunDir, address: str, length_predictor: LengthPredictor | None,
-    after_step: AfterStep | None, on_step: OnStep | None,
+    after_step: AfterStep | None, on_step: OnStep | None, stops: StopRequests | None = None,
 ) -> RunResult:  # fmt: skip
     """Place, start, run and remove the run's actors on the cluster at ``address``."""
     layout = check_ray_run(spec, address)
@@ -66,7 +67,9 @@ def run_on_ray(
         try:
             placement.place()
             servers, trainer = _make(ray, spec, run_dir, placement)
-            run = _start_and_drive(spec, run_dir, servers, trainer, length_predictor, after_step, on_step)  # fmt: skip
+            run = _start_and_drive(
+                spec, run_dir, servers, trainer, length_predictor, after_step, on_step, stops
+            )
             return asyncio.run(run)
         except ProcessDied as err:  # the last server or a trainer rank: resume from the checkpoint
             raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
@@ -88,7 +91,9 @@ def check_ray_run(spec: RunSpec, address: str) -> RayPlan:
     return layout
 
 
-async def _start_and_drive(spec, run_dir, servers, trainer, length_predictor, after_step, on_step):
+async def _start_and_drive(
+    spec, run_dir, servers, trainer, length_predictor, after_step, on_step, stops=None
+):
     log.info("starting %d server actor(s) and %d trainer rank(s)", len(servers.planned),
              len(trainer.ranks))  # fmt: skip
     await asyncio.gather(trainer.start(), *(servers.add(i) for i in servers.planned))
@@ -99,7 +104,7 @@ async def _start_and_drive(spec, run_dir, servers, trainer, length_predictor, af
     # no CPU by role: the actors are not this process's children (and may be on any node)
     return await drive(
         spec, run_dir, trainer, servers, length_predictor, after_step, on_step, own_gpus,
-        host_cpu=False,
+        host_cpu=False, stops=stops,
     )  # fmt: skip
 
 

@@ -39,3 +39,37 @@ def test_a_failed_command_keeps_what_it_wrote(tmp_path: Path) -> None:
     with SigtermUnwinds() as stop:
         assert run_handler(writes_then_fails, args, stop, Console()) == 2
     assert (out / "rows.csv").read_text() == "a\n1\n"
+
+
+def _stopped_live_run(tmp_path: Path, monkeypatch, capsys, checkpointed: bool) -> tuple[int, str]:
+    """``tandem run live-tiny --live`` interrupted mid-run (Ctrl-C), its checkpoint written
+    or not: the exit code and what it printed."""
+    from runtime import launcher
+
+    out = tmp_path / "run"
+
+    def interrupted(spec, run_dir, *args) -> None:
+        if checkpointed:
+            run_dir.checkpoint.parent.mkdir(parents=True)
+            run_dir.checkpoint.write_bytes(b"a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "_run_processes", interrupted)
+    code = main(["run", "live-tiny", "--live", "--out", str(out)])
+    return code, " ".join(capsys.readouterr().out.split())
+
+
+def test_a_stopped_live_run_with_a_checkpoint_prints_its_resume_command(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    code, printed = _stopped_live_run(tmp_path, monkeypatch, capsys, checkpointed=True)
+    out = tmp_path / "run"
+    assert code == 130
+    assert printed == f"interrupted; resume with: tandem run {out}/spec.yaml --live --out {out}"
+
+
+def test_a_live_run_stopped_before_its_first_checkpoint_prints_no_resume_command(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    code, printed = _stopped_live_run(tmp_path, monkeypatch, capsys, checkpointed=False)
+    assert (code, printed) == (130, "interrupted")

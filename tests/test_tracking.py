@@ -12,7 +12,7 @@ from helpers import small_spec
 from experiments.cli import main
 from experiments.tracking import TensorBoardLogger, Tracker, tracker_for
 from policies.records import SampleRecord, Span, SpanKind, StepStats
-from policies.tracking import StepReporter, StepUpdate
+from policies.tracking import StepReport, StepReporter, StepUpdate
 from sim.simulator import Simulation
 
 
@@ -261,3 +261,32 @@ def test_the_step_pause_is_steps_json_mean_over_instances_not_their_sum():
     assert len({s.resource for s in result.spans if s.resource.startswith("gen-")}) == 4
     assert any(b.pause_s > 0 for b in breakdowns)
     assert [r.pause_s for r in reports] == pytest.approx([b.pause_s for b in breakdowns])
+
+
+def _report(step: int, reward: float) -> StepReport:
+    return StepReport(
+        step=step, time_s=float(step), window_s=1.0, num_samples=1, num_tokens=1,
+        samples_per_s=1.0, reward=reward, loss=None, kl=None, clip_fraction=None, ess=None,
+        mean_lag=None, mean_staleness=None, max_staleness=None, generation_s=None,
+        train_s=None, pause_s=0.0,
+    )  # fmt: skip
+
+
+def test_a_resumed_run_keeps_one_tensorboard_value_per_step(tmp_path):
+    """A run stopped after logging steps 0..5 with its checkpoint at step 2 resumes at 3:
+    the resumed part's file starts with a session start at step 3 (``purge_step``), so
+    TensorBoard drops the stopped part's 3..5 and shows the resumed values."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    log_dir = tmp_path / "tensorboard"
+    for steps, offset in ((range(6), 0.0), (range(3, 8), 100.0)):  # two parts, one dir
+        logger = TensorBoardLogger(log_dir)
+        for step in steps:
+            logger.log_step(_report(step, offset + step))
+        logger.close()
+    first, resumed = sorted(log_dir.iterdir())
+    events = [e for e in EventFileLoader(str(resumed)).Load() if not e.HasField("file_version")]
+    assert events[0].HasField("session_log") and events[0].session_log.status == 1  # START
+    assert events[0].step == 3
+    expected = {s: float(s) for s in range(3)} | {s: 100.0 + s for s in range(3, 8)}
+    assert _scalars(log_dir)["reward"] == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -20,6 +21,7 @@ from policies.results import CPU_METRICS, LIVE_METRICS, METRIC_NAMES
 from policies.spec import load_spec
 from runtime.checkpoints import kept_steps
 from runtime.errors import LiveRunError
+from runtime.history import journal_steps
 from runtime.launcher import run_live
 from runtime.tasks import VOCAB, completion_text, task_set
 
@@ -166,6 +168,50 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(server, token, tm
         assert (samples["iteration"] == samples["train_step"]).all()
     assert (samples["iteration"] == samples["sample_id"] // 16).all()
     assert [s["step"] for s in result.steps] == list(range(steps))
+
+
+def test_sigterm_checkpoints_the_last_logged_step_and_resume_trains_each_step_once(
+    server, token, tmp_path
+):
+    """Checkpoints at most hourly: SIGTERM (a scheduler's preemption) checkpoints the last
+    step the run logged before it exits 143 and prints the command that resumes it, and
+    the resumed part starts at the next step (before: the steps since the last checkpoint,
+    here all of them, were lost and trained again)."""
+    steps = 20
+    args = [*_overrides(server, token, "pipeline", steps), "live.checkpoint_min_interval_s=3600"]
+    cmd = [*TANDEM, "run", str(CONFIG), "--live", "--out", str(tmp_path),
+           *(f"--set={a}" for a in args)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: len(_logged_steps(tmp_path)) >= 3 or proc.poll() is not None, 300)
+        assert proc.poll() is None and not (tmp_path / "checkpoints" / "last.pt").exists()
+        proc.send_signal(signal.SIGTERM)  # the command alone
+        printed, _ = proc.communicate(timeout=60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 143
+    resume = f"resume with: tandem run {tmp_path}/spec.yaml --live --out {tmp_path}"
+    assert f"terminated; {resume}" in " ".join(printed.split())
+    logged = _logged_steps(tmp_path)
+    checkpointed = journal_steps(tmp_path / "checkpoints" / "history.jsonl")
+    assert logged == list(range(len(logged))) and checkpointed == len(logged)
+    resumed: list[int] = []
+    run_live(load_spec(CONFIG, args), tmp_path, on_step=lambda u: resumed.append(u.stats.step))
+    assert resumed == list(range(len(logged), steps))  # every step trained once
+    samples = pd.read_parquet(tmp_path / "samples.parquet")
+    assert sorted(samples["sample_id"]) == list(range(steps * 16))  # none lost, none twice
+    assert samples["train_step"].value_counts().sort_index().tolist() == [16] * steps
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    """The steps whose line the run's log holds (``step N: ...``), in order."""
+    path = run_dir / "run.log"
+    text = path.read_text() if path.exists() else ""
+    return [int(m) for m in re.findall(r"experiments.tracking: step (\d+): ", text)]
 
 
 def test_a_checkpoint_interval_longer_than_the_run_checkpoints_its_last_step_only(

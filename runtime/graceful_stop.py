@@ -1,0 +1,103 @@
+"""A graceful stop: SIGTERM or Ctrl-C checkpoints the last trained step, then unwinds.
+
+SIGTERM is how a scheduler preempts a job, and the command turns it into the unwind
+Ctrl-C gets (``experiments/stop_signal.py``). Unwound at once, a live run loses every
+step trained since its last checkpoint, which ``live.checkpoint_min_interval_s`` spaces
+out. While a live run's actor loop runs (:meth:`StopRequests.listening`), the first
+SIGINT or SIGTERM instead asks the actor to stop: it lets the trainer's job in progress
+finish, starts no other, checkpoints the last completed optimizer step if the last
+checkpoint is older (:mod:`runtime.step_checkpoints`), then raises :class:`RunStopped`,
+and the handler that was there before gets the signal (which unwinds the run as before,
+and lets the command's handler note which signal came). A second signal unwinds at once.
+
+Only a signal whose handler is Python's own (``default_int_handler``, the command's
+``SigtermUnwinds``) is taken: one left at the system's default still ends the process.
+Outside the main thread nothing changes (only it may set handlers). SIGKILL stays a loss
+of the steps since the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType, TracebackType
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    """The actor loop's event for a stop request (:meth:`runtime.actor.Actor.request_stop`)."""
+
+
+class RunStopped(BaseException):
+    """The actor stopped on request, its last trained step checkpointed. Like
+    ``KeyboardInterrupt`` no ``except Exception`` takes it, but asyncio passes it on as a
+    task's result (an interrupt leaves the event loop from whichever task it is raised in);
+    :class:`StopRequests` turns it into the signal's unwind."""
+
+
+class StopRequests:
+    """While active, SIGINT and SIGTERM call the listener (see the module) instead of
+    their handlers; without one, or the second time, the handler that was there before."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None  # the signal that asked for the stop, if one did
+        self._previous: dict[int, Any] = {}
+        self._listener: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                if callable(handler := signal.getsignal(sig)):
+                    self._previous[sig] = handler
+                    signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._restore()
+        if isinstance(err, RunStopped):
+            self._deliver()
+
+    @contextlib.contextmanager
+    def listening(self, on_request: Callable[[], None]) -> Iterator[None]:
+        """For the block (inside the running event loop), a stop signal calls ``on_request``
+        in the loop. A request the block did not end on is delivered after it."""
+        self._listener = (asyncio.get_running_loop(), on_request)
+        try:
+            yield
+        finally:
+            self._listener = None
+        if self.signum is not None:  # asked, but the block ended first: stop now
+            self._restore()
+            self._deliver()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._listener is None or self.signum is not None:
+            self._restore()
+            self._previous_handler(signum)(signum, frame)  # unwinds at once, as before
+            return
+        self.signum = signum
+        loop, on_request = self._listener
+        loop.call_soon_threadsafe(on_request)
+
+    def _deliver(self) -> None:
+        """The stop's signal to the handler before (it raises KeyboardInterrupt)."""
+        if self.signum is not None and callable(handler := self._previous_handler(self.signum)):
+            handler(self.signum, None)
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(self.signum or 2).name}")
+
+    def _previous_handler(self, signum: int) -> Any:
+        return self._previous.get(signum, signal.default_int_handler)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, handler)

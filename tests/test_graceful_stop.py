@@ -1,0 +1,159 @@
+"""A graceful stop (SIGTERM, Ctrl-C) checkpoints the last trained step, then unwinds
+(runtime.graceful_stop): the actor with fake servers and trainer, and the signal path."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+from test_server_faults import BATCH, CONFIG, FakeClient, FakeTrainer, FakeWorld
+
+from policies.spec import load_spec
+from runtime.graceful_stop import RunStopped, StopRequests
+from runtime.history import HistoryJournal, journal_path
+from runtime.live_run import make_actor
+from runtime.recorder import DataPosition, Recorder
+
+STOP_AFTER = 3  # steps: the stop comes while the trainer trains the fourth
+
+
+class StoppingTrainer(FakeTrainer):
+    """Asks for a stop in its first train call after ``STOP_AFTER`` steps; keeps the order
+    of its calls and the sample ids each step trained."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        super().__init__(world)
+        self.calls: list[str] = []
+        self.steps: list[list[int]] = [[]]
+        self.positions: list[DataPosition] = []
+        self.request_stop = lambda: None
+
+    async def train(self, items, now_s):
+        if len(self.steps) == STOP_AFTER + 1 and "stop" not in self.calls:
+            self.calls.append("stop")
+            self.request_stop()
+        await asyncio.sleep(0.01)  # the stop is asked while this job runs
+        self.calls.append("train")
+        self.steps[-1] += [it.sample_id for it in items]
+        return await super().train(items, now_s)
+
+    async def step(self, step, now_s):
+        self.calls.append(f"step {step}")
+        self.steps.append([])
+        return await super().step(step, now_s)
+
+    async def checkpoint(self, path, position):
+        self.calls.append(f"checkpoint {position.next_step - 1}")
+        self.positions.append(position)
+
+
+@pytest.mark.parametrize("mode", ["stream-async", "pipeline", "disagg-sync"])
+def test_a_stop_checkpoints_the_last_completed_step_the_cadence_skipped(mode, tmp_path):
+    spec = load_spec(CONFIG, [
+        f"pipeline.mode={mode}", "run.iterations=8", f"algorithm.batch_size={BATCH}",
+        "live.num_servers=1", "live.checkpoint_min_interval_s=3600",
+    ])  # fmt: skip
+    world = FakeWorld(1)
+    trainer = StoppingTrainer(world)
+    ckpt = tmp_path / "checkpoints" / "last.pt"
+    actor = make_actor(spec, {0: FakeClient(0, world)}, trainer, Recorder(), set(), 0, str(ckpt),
+                       None, None, "gloo")  # fmt: skip
+    trainer.request_stop = actor.request_stop
+
+    async def run() -> None:
+        await actor.push_now(0)
+        await asyncio.wait_for(actor.run(), 30)
+
+    with pytest.raises(RunStopped):
+        asyncio.run(run())
+    last = STOP_AFTER - 1
+    # the train job in progress finished, no other started, then the checkpoint of the
+    # last completed step (the cadence skipped every one before the run's last)
+    stop = trainer.calls.index("stop")
+    assert trainer.calls[stop + 1 :] == ["train", f"checkpoint {last}"]
+    assert f"step {last}" in trainer.calls and f"step {last + 1}" not in trainer.calls
+    (slim,) = trainer.positions
+    assert slim.journal and slim.next_step == STOP_AFTER
+    position = HistoryJournal(journal_path(ckpt)).restore(slim)
+    trained = [sid for step in trainer.steps[:STOP_AFTER] for sid in step]
+    assert sorted(s.sample_id for s in position.samples) == sorted(trained)  # steps 0..2 only
+    assert trainer.steps[STOP_AFTER]  # the next step's samples, trained in part: not kept
+    assert not {s.sample_id for s in position.samples} & set(trainer.steps[STOP_AFTER])
+    assert [st["step"] for st in position.steps] == list(range(STOP_AFTER))
+
+
+def test_a_stop_with_the_last_step_checkpointed_writes_nothing(tmp_path):
+    spec = load_spec(CONFIG, [
+        "pipeline.mode=stream-async", "run.iterations=8", f"algorithm.batch_size={BATCH}",
+        "live.num_servers=1",
+    ])  # fmt: skip
+    world = FakeWorld(1)
+    trainer = StoppingTrainer(world)
+    actor = make_actor(spec, {0: FakeClient(0, world)}, trainer, Recorder(), set(), 0,
+                       str(tmp_path / "last.pt"), None, None, "gloo")  # fmt: skip
+    trainer.request_stop = actor.request_stop
+
+    async def run() -> None:
+        await actor.push_now(0)
+        await asyncio.wait_for(actor.run(), 30)
+
+    with pytest.raises(RunStopped):
+        asyncio.run(run())
+    checkpoints = [c for c in trainer.calls if c.startswith("checkpoint")]
+    assert checkpoints == [f"checkpoint {s}" for s in range(STOP_AFTER)]  # every step's, once
+
+
+def _unwinding(seen: list[int]):
+    def handler(signum, frame):  # as experiments.stop_signal.SigtermUnwinds
+        seen.append(signum)
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    return handler
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_signal_asks_the_listener_then_reaches_the_handler_once_the_run_stopped(sig):
+    seen: list[int] = []
+    asked: list[str] = []
+    previous = signal.signal(sig, _unwinding(seen))  # SIGINT: as default_int_handler
+    try:
+
+        async def run(stops: StopRequests) -> None:
+            with stops.listening(lambda: asked.append("stop")):
+                os.kill(os.getpid(), sig)
+                await asyncio.sleep(0.05)  # the handler did not raise: the loop goes on
+                assert asked == ["stop"] and seen == []
+                raise RunStopped("checkpointed")
+
+        with pytest.raises(KeyboardInterrupt, match=sig.name), StopRequests() as stops:
+            asyncio.run(run(stops))
+        assert seen == [sig]  # told once the stop was done (SIGTERM: exit 143)
+        assert signal.getsignal(sig) != stops._handle  # restored
+    finally:
+        signal.signal(sig, previous)
+
+
+def test_a_second_signal_or_none_listening_unwinds_at_once():
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, _unwinding(seen))
+    try:
+        with pytest.raises(KeyboardInterrupt), StopRequests():
+            os.kill(os.getpid(), signal.SIGTERM)  # nothing listens yet (start-up)
+            time.sleep(0.5)
+        assert seen == [signal.SIGTERM]
+
+        async def run(stops: StopRequests) -> None:
+            with stops.listening(lambda: None):
+                os.kill(os.getpid(), signal.SIGTERM)
+                await asyncio.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGTERM)  # again: at once
+                await asyncio.sleep(0.5)
+
+        with pytest.raises(KeyboardInterrupt), StopRequests() as stops:
+            asyncio.run(run(stops))
+        assert seen == [signal.SIGTERM] * 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
