@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from test_server_faults import BATCH, CONFIG, FakeClient, FakeTrainer, FakeWorld
@@ -56,19 +57,8 @@ def test_a_stop_checkpoints_the_last_completed_step_the_cadence_skipped(mode, tm
         f"pipeline.mode={mode}", "run.iterations=8", f"algorithm.batch_size={BATCH}",
         "live.num_servers=1", "live.checkpoint_min_interval_s=3600",
     ])  # fmt: skip
-    world = FakeWorld(1)
-    trainer = StoppingTrainer(world)
     ckpt = tmp_path / "checkpoints" / "last.pt"
-    actor = make_actor(spec, {0: FakeClient(0, world)}, trainer, Recorder(), set(), 0, str(ckpt),
-                       None, None, "gloo")  # fmt: skip
-    trainer.request_stop = actor.request_stop
-
-    async def run() -> None:
-        await actor.push_now(0)
-        await asyncio.wait_for(actor.run(), 30)
-
-    with pytest.raises(RunStopped):
-        asyncio.run(run())
+    trainer = _run_until_stopped(spec, ckpt)
     last = STOP_AFTER - 1
     # the train job in progress finished, no other started, then the checkpoint of the
     # last completed step (the cadence skipped every one before the run's last)
@@ -90,10 +80,17 @@ def test_a_stop_with_the_last_step_checkpointed_writes_nothing(tmp_path):
         "pipeline.mode=stream-async", "run.iterations=8", f"algorithm.batch_size={BATCH}",
         "live.num_servers=1",
     ])  # fmt: skip
+    trainer = _run_until_stopped(spec, tmp_path / "last.pt")
+    checkpoints = [c for c in trainer.calls if c.startswith("checkpoint")]
+    assert checkpoints == [f"checkpoint {s}" for s in range(STOP_AFTER)]  # every step's, once
+
+
+def _run_until_stopped(spec, ckpt: Path) -> StoppingTrainer:
+    """Run the actor on one fake server until the trainer asks it to stop mid-step."""
     world = FakeWorld(1)
     trainer = StoppingTrainer(world)
-    actor = make_actor(spec, {0: FakeClient(0, world)}, trainer, Recorder(), set(), 0,
-                       str(tmp_path / "last.pt"), None, None, "gloo")  # fmt: skip
+    actor = make_actor(spec, {0: FakeClient(0, world)}, trainer, Recorder(), set(), 0, str(ckpt),
+                       None, None, "gloo")  # fmt: skip
     trainer.request_stop = actor.request_stop
 
     async def run() -> None:
@@ -102,8 +99,7 @@ def test_a_stop_with_the_last_step_checkpointed_writes_nothing(tmp_path):
 
     with pytest.raises(RunStopped):
         asyncio.run(run())
-    checkpoints = [c for c in trainer.calls if c.startswith("checkpoint")]
-    assert checkpoints == [f"checkpoint {s}" for s in range(STOP_AFTER)]  # every step's, once
+    return trainer
 
 
 def _unwinding(seen: list[int]):
