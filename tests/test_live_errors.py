@@ -61,7 +61,7 @@ def test_a_failed_trainer_call_ends_the_run_with_the_resume_command(tmp_path, mo
         def stop(self) -> None:
             pass
 
-    async def drive(*args) -> None:
+    async def drive(*args, **kwargs) -> None:
         raise TrainerFailed("trainer checkpoint failed: RuntimeError: writing ...")
 
     monkeypatch.setattr(launcher, "model_dir_for", lambda spec: "unused")
