@@ -33,12 +33,12 @@ def resolve_cluster(
     (and stays on as the scaling rule of ``elastic``)."""
     cluster = spec.cluster
     check_cluster(cluster, cost)
-    check_kv_fit(spec, cost, workload)
+    check_kv_fit(spec, cost, workload, mode.colocated)
     if mode.colocated:
         _check_one_gpu_group(cluster, spec.pipeline.mode)
-        check_trainer_memory(
-            cost, cluster.trainer.hardware, "cluster.trainer.num_gpus", total_gpus(cluster)
-        )
+    trainer_gpus = total_gpus(cluster) if mode.colocated else cluster.trainer.num_gpus
+    check_trainer_memory(cost, cluster.trainer.hardware, trainer_gpus)
+    if mode.colocated:
         pool = cluster.generation[0]
         total = total_gpus(cluster)
         colocated = cluster.model_copy(
@@ -56,8 +56,6 @@ def resolve_cluster(
         micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
         min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
     )
-    check_trainer_memory(cost, cluster.trainer.hardware, "cluster.trainer.num_gpus",
-                         cluster.trainer.num_gpus)  # fmt: skip
     return allocation.allocate(cluster, model)
 
 
@@ -100,9 +98,10 @@ def min_trainer_gpus(
     return max(1, math.ceil(need / hw.hbm_bytes))
 
 
-def check_trainer_memory(cost: SimCostModel, hardware_name: str, key: str, num_gpus: int) -> None:
+def check_trainer_memory(cost: SimCostModel, hardware_name: str, num_gpus: int) -> None:
     """Refuse a trainer of ``num_gpus`` that cannot hold its weights and gradients; warn
     when only an offloaded optimizer would fit (the simulator does not price offloading)."""
+    key = "cluster.trainer.num_gpus"  # the trainer's, or in a colocated mode every GPU
     if not isinstance(cost, RooflineCostModel):
         return
     models = " for each of 2 models" if cost.num_trained_models > 1 else ""
@@ -150,11 +149,11 @@ def check_sim_run(spec: RunSpec) -> None:
     resolve_cluster(spec, mode_of(spec), build_cost_model(spec), workload, build_allocation(spec))
 
 
-def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload) -> None:
+def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload, colocated: bool) -> None:
     """Refuse a pool whose instance's KV cache cannot hold the longest prompt with the
-    largest ``max_tokens``, as vLLM refuses a ``max_model_len`` its KV cache cannot hold."""
+    largest ``max_tokens``, as vLLM refuses a ``max_model_len`` its KV cache cannot hold
+    (a colocated mode runs only the first pool's instances, on every GPU)."""
     longest = workload.longest_sequence_tokens
-    colocated = mode_of(spec).colocated  # runs the first pool's instances on every GPU
     pools = spec.cluster.generation[:1] if colocated else spec.cluster.generation
     for pool in pools:
         if (problem := kv_shortfall(pool, cost, longest)) is not None:
