@@ -10,6 +10,10 @@ predicted work assigned, so long-tail instances end up running small batches.
 Across heterogeneous pools the long-tail group is taken from the instances that decode
 one sequence fastest (their order in the spec does not matter), and a group is priced
 by its slowest instance.
+
+``least-loaded`` sends each request to the instance with the least expected time of
+predicted work outstanding (tokens over the instance's full-batch decode rate; on one kind
+of instance, simply the least tokens).
 """
 
 from __future__ import annotations
@@ -69,16 +73,27 @@ class RoundRobinDispatch:
 
 
 class _Loads:
-    """Predicted work per instance while a batch is being assigned."""
+    """Predicted work per instance while a batch is being assigned; with ``weights`` (an
+    instance's seconds a token relative to the fastest's) the work is priced in time."""
 
-    def __init__(self, instances: Sequence[InstanceView]) -> None:
+    def __init__(
+        self, instances: Sequence[InstanceView], weights: dict[int, float] | None = None
+    ) -> None:
         self.tokens = {v.instance_id: v.assigned_tokens for v in instances}
         self.count = {v.instance_id: v.num_assigned for v in instances}
+        self._weights = weights
 
     def lightest(self, ids: Sequence[int]) -> int:
         """The least loaded of ``ids``; ties go to the one listed first."""
-        pos = min(range(len(ids)), key=lambda k: (self.tokens[ids[k]], self.count[ids[k]], k))
+        pos = min(range(len(ids)), key=lambda k: (*self._load(ids[k]), k))
         return ids[pos]
+
+    def _load(self, instance_id: int) -> tuple[float, float]:
+        tokens, count = self.tokens[instance_id], self.count[instance_id]
+        if self._weights is None:
+            return tokens, count
+        weight = self._weights[instance_id]
+        return tokens * weight, count * weight
 
     def add(self, instance_id: int, request: Request) -> None:
         self.tokens[instance_id] += request.predicted_tokens or 0.0
@@ -87,11 +102,19 @@ class _Loads:
 
 @DISPATCH.register("least-loaded")
 class LeastLoadedDispatch:
-    """Least predicted tokens outstanding (least requests when nothing is predicted)."""
+    """Least expected time outstanding: predicted tokens (requests when nothing is predicted)
+    times the instance's seconds a token at its full batch, so across pools of different
+    hardware an instance that decodes twice as fast takes twice the work. Instances of one
+    shape (hardware, tp, ``max_num_seqs``, KV cache) are not priced at all: there it is the
+    least predicted tokens outstanding, ties to the lowest id. The live runtime's servers are
+    all of the first pool, so live dispatch balances tokens."""
+
+    def __init__(self, cost_model: CostModel | None = None) -> None:
+        self._cost = cost_model
 
     def assign(self, requests: Sequence[Request], instances: Sequence[InstanceView]) -> list[int]:
         _require(instances)
-        loads = _Loads(instances)
+        loads = _Loads(instances, self._weights(requests, instances))
         ids = sorted(v.instance_id for v in instances)
         out = []
         for r in requests:
@@ -99,6 +122,32 @@ class LeastLoadedDispatch:
             loads.add(target, r)
             out.append(target)
         return out
+
+    def _weights(
+        self, requests: Sequence[Request], instances: Sequence[InstanceView]
+    ) -> dict[int, float] | None:
+        """Each instance's seconds a token over the fastest's; None on one shape."""
+        shapes = {_shape(v): v for v in instances}
+        if self._cost is None or len(shapes) < 2 or not requests:
+            return None
+        prompt = float(np.mean([r.prompt_tokens for r in requests]))
+        length = float(np.mean([r.predicted_tokens or 0.0 for r in requests]))
+        context = max(1, int(prompt + length / 2))
+        per_token = {s: token_time_s(self._cost, v, context) for s, v in shapes.items()}
+        fastest = min(per_token.values())
+        return {v.instance_id: per_token[_shape(v)] / fastest for v in instances}
+
+
+def _shape(view: InstanceView) -> tuple[str, int, int, int]:
+    return view.hardware, view.tp, view.max_num_seqs, view.kv_capacity_tokens
+
+
+def token_time_s(cost: CostModel, view: InstanceView, context_tokens: int) -> float:
+    """Seconds a token on ``view`` decoding a full batch of sequences of ``context_tokens``
+    each: ``max_num_seqs`` of them, or fewer when the KV cache is the limit."""
+    batch = max(1, min(view.max_num_seqs, view.kv_capacity_tokens // context_tokens))
+    step_s = cost.decode_step_s(Device(view.hardware, view.tp), batch, batch * context_tokens)
+    return step_s / batch
 
 
 def instance_latency_s(

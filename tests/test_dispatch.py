@@ -112,6 +112,38 @@ def test_least_loaded_without_predictions_balances_request_counts():
     assert LeastLoadedDispatch().assign(_requests([None] * 4), views) == [1, 1, 2, 0]
 
 
+class RateCost(BatchCost):
+    """H800 decodes a step twice as fast as H20, at every batch and context."""
+
+    def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
+        self.calls.append((device, batch_size, context_tokens))
+        return 1.0 if device.hardware == "H800" else 2.0
+
+
+def test_least_loaded_balances_time_across_hardware():
+    """Before: tokens, so the H20 (1) got as many as the twice-as-fast H800 (0)."""
+    views = [view(0, max_num_seqs=4), view(1, max_num_seqs=4, hardware="H20")]
+    cost = RateCost()
+    # as the builder makes it: offered the executor's cost model
+    built = DISPATCH.create_from("least-loaded", {"cost_model": cost, "rng": None})
+    targets = built.assign(_requests([10] * 9), views)
+    # expected time: H800 10·(1/4) s a request, H20 10·(2/4): 0 gets 2 for each 1 of 1
+    assert targets == [0, 1, 0, 0, 1, 0, 0, 1, 0]
+    assert targets.count(0) == 2 * targets.count(1)
+    # without predictions it balances expected time by request count the same way
+    assert LeastLoadedDispatch(cost).assign(_requests([None] * 6), views) == [0, 1, 0, 0, 1, 0]
+    # a token priced at each instance's full batch: a bigger batch makes the H20 as fast
+    fast_h20 = [views[0], view(1, max_num_seqs=8, hardware="H20")]
+    assert LeastLoadedDispatch(cost).assign(_requests([10] * 4), fast_h20) == [0, 1, 0, 1]
+
+
+def test_least_loaded_on_one_kind_of_instance_never_asks_the_cost_model():
+    cost = RateCost()
+    views = [view(0, assigned_tokens=100.0), view(1), view(2, assigned_tokens=50.0)]
+    assert LeastLoadedDispatch(cost).assign(_requests([30, 40, 60, 10]), views) == [1, 1, 2, 1]
+    assert cost.calls == []
+
+
 def test_least_loaded_does_not_mutate_the_views():
     views = [view(0), view(1)]
     LeastLoadedDispatch().assign(_requests([5, 5, 5]), views)
