@@ -27,6 +27,7 @@ from experiments.specs import config_path
 from experiments.stop_signal import SigtermUnwinds
 from experiments.summary_format import cost_note, format_metric
 from experiments.sweep_cmd import add_sweep_parser
+from policies.inert_keys import log_inert_keys
 from policies.logs import run_log
 from policies.results import SUMMARY_METRICS, RunResult, write_atomic
 from policies.spec import RunSpec, SpecError, load_spec
@@ -104,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from runtime.launcher import check_live_run
 
         check_live_run(spec, args.ray)
-    else:  # so is a simulated one
+    else:  # so is a simulated one (its warnings come from the run itself, once)
         from sim.cluster import check_sim_run
 
         check_sim_run(spec)
@@ -117,6 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         RunProgress(err_console, label, spec.run.iterations, transient=not args.live) as bar,
     ):
         log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
+        log_inert_keys([spec], live=args.live)  # in run.log too
         if not args.live:  # the spec is on disk from the start, also if the run is stopped
             if gone := RunResult.clear(out):  # an earlier run's: never beside this spec
                 log.warning("%s: the earlier run's %s replaced", out, ", ".join(gone))

@@ -9,6 +9,7 @@ left on the way out, Ctrl-C included).
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +19,11 @@ import yaml
 
 from experiments.predictors import ranker_for
 from experiments.worker_pool import over_time
+from policies.inert_keys import log_inert_keys
 from policies.logs import run_log
 from policies.spec import RunSpec, SpecError, override_spec, read_yaml
+
+log = logging.getLogger(__name__)
 
 Row = dict[str, Any]  # a point's values, its metrics or its error (the sweep's table row)
 OnRow = Callable[[int, Row], None]
@@ -40,14 +44,22 @@ def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
 def check_point_specs(base: RunSpec, points: list[dict[str, Any]]) -> None:
     """Build every point's spec and check it as ``tandem run`` does before simulating
     (``sim.cluster.check_sim_run``; nothing runs): the first invalid one is a
-    :class:`SpecError` naming the point's ``key=value`` settings and what is wrong."""
+    :class:`SpecError` naming the point's ``key=value`` settings and what is wrong. What
+    the points would warn about (keys that do nothing, a trainer whose optimizer must be
+    offloaded) is logged once for all the points that share it."""
     from sim.cluster import check_sim_run
 
+    specs, warnings = [], []
     for point in points:
         try:
-            check_sim_run(point_spec(base, point))
+            spec = point_spec(base, point)
+            warnings += check_sim_run(spec)
         except (SpecError, ValueError) as err:
             raise SpecError(f"grid point {' '.join(point_overrides(point))}: {err}") from None
+        specs.append(spec)
+    log_inert_keys(specs)
+    for warning in dict.fromkeys(warnings):
+        log.warning("%s", warning)
 
 
 def base_from_yaml(text: str) -> RunSpec:

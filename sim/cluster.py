@@ -28,16 +28,22 @@ def resolve_cluster(
     cost: SimCostModel,
     workload: Workload,
     allocation: AllocationPolicy,
+    warnings: list[str] | None = None,
 ) -> ClusterSection:
     """The cluster that runs: colocated modes share every GPU, allocation may re-split it
-    (and stays on as the scaling rule of ``elastic``)."""
+    (and stays on as the scaling rule of ``elastic``). What is worth a warning is logged,
+    or appended to ``warnings`` where given (nothing is logged then)."""
     cluster = spec.cluster
     check_cluster(cluster, cost)
     check_kv_fit(spec, cost, workload, mode.colocated)
     if mode.colocated:
         _check_one_gpu_group(cluster, spec.pipeline.mode)
     trainer_gpus = total_gpus(cluster) if mode.colocated else cluster.trainer.num_gpus
-    check_trainer_memory(cost, cluster.trainer.hardware, trainer_gpus)
+    warning = check_trainer_memory(cost, cluster.trainer.hardware, trainer_gpus)
+    if warning is not None and warnings is not None:
+        warnings.append(warning)
+    elif warning is not None:
+        log.warning("%s", warning)
     if mode.colocated:
         pool = cluster.generation[0]
         total = total_gpus(cluster)
@@ -98,12 +104,13 @@ def min_trainer_gpus(
     return max(1, math.ceil(need / hw.hbm_bytes))
 
 
-def check_trainer_memory(cost: SimCostModel, hardware_name: str, num_gpus: int) -> None:
-    """Refuse a trainer of ``num_gpus`` that cannot hold its weights and gradients; warn
-    when only an offloaded optimizer would fit (the simulator does not price offloading)."""
+def check_trainer_memory(cost: SimCostModel, hardware_name: str, num_gpus: int) -> str | None:
+    """Refuse a trainer of ``num_gpus`` that cannot hold its weights and gradients; the
+    warning when only an offloaded optimizer would fit (the simulator does not price
+    offloading), or None."""
     key = "cluster.trainer.num_gpus"  # the trainer's, or in a colocated mode every GPU
     if not isinstance(cost, RooflineCostModel):
-        return
+        return None
     models = " for each of 2 models" if cost.num_trained_models > 1 else ""
     floor = min_trainer_gpus(cost, hardware_name)
     if num_gpus < floor:
@@ -113,13 +120,13 @@ def check_trainer_memory(cost: SimCostModel, hardware_name: str, num_gpus: int) 
             f"fully sharded); it needs at least {floor}"
         )
     full = min_trainer_gpus(cost, hardware_name, FULL_STATE_BYTES_PER_PARAM)
-    if num_gpus < full:
-        log.warning(
-            "%s: %d %s GPU(s) hold %s's training state (%d bytes a parameter%s) only with the "
-            "optimizer offloaded to the host, which the simulator does not price; %d hold it all",
-            key, num_gpus, hardware_name, cost.model.name, FULL_STATE_BYTES_PER_PARAM, models,
-            full,
-        )  # fmt: skip
+    if num_gpus >= full:
+        return None
+    return (
+        f"{key}: {num_gpus} {hardware_name} GPU(s) hold {cost.model.name}'s training state "
+        f"({FULL_STATE_BYTES_PER_PARAM} bytes a parameter{models}) only with the optimizer "
+        f"offloaded to the host, which the simulator does not price; {full} hold it all"
+    )
 
 
 def check_cluster(cluster: ClusterSection, cost: SimCostModel) -> None:
@@ -141,12 +148,17 @@ def check_cluster(cluster: ClusterSection, cost: SimCostModel) -> None:
             raise ValueError(f"cluster.generation.{i}.tp: {err}") from None
 
 
-def check_sim_run(spec: RunSpec) -> None:
+def check_sim_run(spec: RunSpec) -> list[str]:
     """Refuse, before anything is written, what a simulated run of ``spec`` would refuse at
     its start: everything :func:`resolve_cluster` checks (hardware, tp, KV caches, the
-    trainer's memory, a colocated mode's GPUs, the allocation policy's pools)."""
+    trainer's memory, a colocated mode's GPUs, the allocation policy's pools). Returns what
+    the run will warn about (a trainer that fits only with its optimizer offloaded), without
+    logging it: the run itself logs it."""
     workload = Workload(spec, RngStreams(spec.run.seed))
-    resolve_cluster(spec, mode_of(spec), build_cost_model(spec), workload, build_allocation(spec))
+    warnings: list[str] = []
+    cost = build_cost_model(spec)
+    resolve_cluster(spec, mode_of(spec), cost, workload, build_allocation(spec), warnings)
+    return warnings
 
 
 def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload, colocated: bool) -> None:
