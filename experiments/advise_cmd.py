@@ -16,6 +16,12 @@ from rich.console import Console
 from experiments.arg_types import non_negative_int, positive_float, positive_int
 from policies.spec import RunSpec
 
+# what ``tandem advise --out`` writes (``input.yaml``: the spec it was given)
+ADVICE_FILES = frozenset(
+    {"input.yaml", "best.yaml", "evaluations.csv", "pareto.csv", "pareto.png", "advice.md",
+     "live-check.csv", "live-check.md"}
+)  # fmt: skip
+
 
 def add_advise_parser(
     sub: Any,
@@ -27,6 +33,9 @@ def add_advise_parser(
     )
     with_spec(p, None)
     p.add_argument("--out", required=True, help="directory for best.yaml, advice.md, pareto.*")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the advice --out holds for another spec"
+    )
     p.add_argument(
         "--budget-s", type=positive_float, default=60.0, help="wall-time budget (default 60)"
     )

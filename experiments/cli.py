@@ -15,12 +15,18 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from experiments.advise_cmd import add_advise_parser
+from experiments.advise_cmd import ADVICE_FILES, add_advise_parser
 from experiments.arg_types import positive_int, ray_address
 from experiments.cli_errors import run_handler
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
-from experiments.guards import check_out_dir, check_out_file, fresh_dir
+from experiments.guards import (
+    check_out_dir,
+    check_out_file,
+    check_run_out,
+    fresh_dir,
+    replaces_a_run,
+)
 from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
@@ -109,7 +115,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sim.cluster import check_sim_run
 
         check_sim_run(spec)
+    replace = args.out is not None and replaces_a_run(args, spec)
     out = _out_dir(args, spec)
+    if replace:  # --overwrite: nothing of the earlier run stays beside this one
+        RunResult.clear(out)
+        (out / "run.log").unlink(missing_ok=True)
     tracker = tracker_for(spec, out)  # a missing tracking package stops the run here
     label = f"{spec.run.name} · {spec.pipeline.mode}"
     with (
@@ -165,7 +175,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from experiments.advise_cmd import run_advise
 
     spec = _load(args)
-    check_out_dir(args.out)
+    out = Path(args.out)
+    if check_run_out(out, spec, args.overwrite, ADVICE_FILES, "input.yaml"):
+        for name in ADVICE_FILES:  # none of the earlier advice stays beside this one
+            (out / name).unlink(missing_ok=True)
+    check_out_dir(out)
     return run_advise(spec, args, console)
 
 
@@ -258,6 +272,9 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
         "--force-new-spec",
         action="store_true",
         help="live resume: go on although the spec changes training (kept as spec.resumed-N.yaml)",
+    )
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace the run --out holds of another spec"
     )
     run.set_defaults(func=cmd_run)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from policies.results import RESULT_FILES
+from policies.spec import RunSpec, SpecError, load_spec, spec_changes
 
 # modules of the live runtime (scripts/setup.sh --live); a simulator-only install lacks them
 LIVE_MODULES = frozenset(
@@ -41,6 +43,68 @@ def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
         with contextlib.suppress(OSError):
             probe.unlink()
     return path
+
+
+def check_run_out(
+    out: Path,
+    spec: RunSpec,
+    overwrite: bool = False,
+    files: frozenset[str] = frozenset(RESULT_FILES),
+    saved_spec: str = "spec.yaml",
+) -> bool:
+    """Refuse a run into ``--out`` that holds another spec's results, before any work:
+    they would be replaced and its ``run.log`` would mix two runs (seen: a 2-iteration run
+    into a 12-iteration run's directory). A run of the same spec goes on (its results are
+    replaced by the same run's), and so does one into a run that left no results (stopped
+    or failed before them); ``overwrite`` (``--overwrite``) replaces another's. Returns
+    whether ``out`` holds ``files`` to remove first (``overwrite``). ``files`` and
+    ``saved_spec`` (where the earlier spec is) name another command's output (``tandem
+    advise``). A live run that resumes its checkpoint is checked by ``runtime.run_dir``."""
+    held = sorted(p.name for p in (out / name for name in files) if p.is_file())
+    if not held:
+        return False
+    if overwrite:
+        return True
+    saved = out / saved_spec
+    try:
+        changes = (
+            spec_changes(_as_given(load_spec(saved)), _as_given(spec)) if saved.is_file() else None
+        )
+    except (SpecError, ValueError, OSError) as err:
+        changes = [f"its {saved_spec} does not load ({err})"]
+    if changes == []:
+        return False
+    why = f"no {saved_spec}" if changes is None else "; ".join(changes[:5])
+    more = f" and {len(changes) - 5} more" if changes and len(changes) > 5 else ""
+    raise SpecError(
+        f"--out {out} holds the results of another spec ({', '.join(held)}; {why}{more}): use another --out, "
+        "or pass --overwrite to replace it"
+    )
+
+
+def replaces_a_run(args: argparse.Namespace, spec: RunSpec) -> bool:
+    """``tandem run``'s :func:`check_run_out` of ``args.out``; a live run into its own
+    checkpoint is a resume, which ``runtime.run_dir`` checks."""
+    if args.live:
+        from runtime.run_dir import RunDir
+
+        if RunDir(Path(args.out), args.ray).checkpoint.exists():
+            return False
+    return check_run_out(Path(args.out), spec, args.overwrite)
+
+
+def _as_given(spec: RunSpec) -> RunSpec:
+    """``spec`` as its user gave it, as far as a run's saved spec tells: an allocation
+    policy other than ``fixed`` writes the split it chose, so only the total GPUs count."""
+    if spec.policies.allocation == "fixed":
+        return spec
+    cluster = spec.cluster
+    total = sum(p.num_gpus for p in cluster.generation) + cluster.trainer.num_gpus
+    pools = [p.model_copy(update={"num_gpus": 0}) for p in cluster.generation]
+    pools[0] = pools[0].model_copy(update={"num_gpus": total})
+    trainer = cluster.trainer.model_copy(update={"num_gpus": 0})
+    split = cluster.model_copy(update={"generation": pools, "trainer": trainer})
+    return spec.model_copy(update={"cluster": split})
 
 
 def check_out_file(

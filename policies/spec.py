@@ -321,3 +321,23 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Ru
         data = loaded or {}
     spec = spec_from_dict(data)
     return override_spec(spec, overrides) if overrides else spec
+
+
+def flat_keys(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b.c": value}`` (lists stay values)."""
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(flat_keys(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def spec_changes(original: RunSpec, new: RunSpec) -> list[str]:
+    """``key (old → new)`` for every key whose value differs, sorted by key."""
+    a, b = flat_keys(original.model_dump(mode="json")), flat_keys(new.model_dump(mode="json"))
+    return [
+        f"{k} ({a.get(k)!r} → {b.get(k)!r})"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.results import CPU_TIMELINE_FILE, write_atomic
-from policies.spec import RunSpec, SpecError, load_spec
+from policies.spec import RunSpec, SpecError, load_spec, spec_changes
 from runtime.checkpoints import CHECKPOINT_DIR, LAST, LAST_SHARDED, readable
 from runtime.history import journal_path, journal_steps
 
@@ -46,27 +46,14 @@ def newest_spec(run: Path) -> Path:
     return max(resumed)[1] if resumed else run / SPEC
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): data}
-
-
-def _operational(key: str) -> bool:
+def _operational(change: str) -> bool:
+    key = change.split(" ", 1)[0]
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in OPERATIONAL_KEYS)
 
 
 def training_changes(original: RunSpec, new: RunSpec) -> list[str]:
     """``key (old → new)`` for every key that differs and alters training."""
-    a, b = _flat(original.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
-    return [
-        f"{k} ({a.get(k)!r} → {b.get(k)!r})"
-        for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and not _operational(k)
-    ]
+    return [c for c in spec_changes(original, new) if not _operational(c)]
 
 
 @dataclass(slots=True, frozen=True)

@@ -11,7 +11,8 @@ import pytest
 
 from experiments.cli import _out_dir
 from experiments.guards import fresh_dir
-from policies.spec import load_spec
+from experiments.specs import config_path
+from policies.spec import SpecError, load_spec
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
@@ -50,8 +51,56 @@ def test_a_run_into_a_directory_of_another_run_leaves_none_of_its_results(tmp_pa
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sim.simulator.Simulation, "run", stopped)
-    assert main(["run", "streamrl-7b", "--out", str(out)]) == 130
+    assert main(["run", "streamrl-7b", "--out", str(out)]) == 2  # not this spec's: refused
+    assert (out / "metrics.json").read_text() == "an earlier run's"
+    assert main(["run", "streamrl-7b", "--out", str(out), "--overwrite"]) == 130
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "run.log", "spec.yaml"]
+
+
+def test_a_run_of_another_spec_is_refused_and_the_same_spec_runs_again(tmp_path, capsys):
+    """Seen: ``tandem run SPEC --set run.iterations=2 --out DIR`` into a 12-iteration run
+    replaced its metrics and spec and appended to its run.log: one directory, two runs."""
+    from experiments.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "streamrl-7b", "--set", "run.iterations=2", "--out", str(out)]) == 0
+    metrics = (out / "metrics.json").read_bytes()
+    capsys.readouterr()
+    assert main(["run", "streamrl-7b", "--set", "run.iterations=3", "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    refusal = " ".join((printed.out + printed.err).split())
+    assert "run.iterations (2 → 3)" in refusal and "--overwrite" in refusal
+    assert (out / "metrics.json").read_bytes() == metrics
+    # the same spec again (its balanced allocation saved the split it chose): it runs
+    assert main(["run", "streamrl-7b", "--set", "run.iterations=2", "--out", str(out)]) == 0
+    assert main(["run", "streamrl-7b", "--set", "run.iterations=3", "--out", str(out),
+                 "--overwrite"]) == 0  # fmt: skip
+    log = (out / "run.log").read_text()
+    assert log.count("simulated run of") == 1
+    assert load_spec(out / "spec.yaml").run.iterations == 3
+
+
+def test_advice_of_another_spec_is_refused_before_any_search(tmp_path, capsys):
+    """Seen: ``tandem advise`` with another spec into an earlier advice's --out replaced
+    every file of it."""
+    from experiments.advise_cmd import ADVICE_FILES
+    from experiments.cli import main
+    from experiments.guards import check_run_out
+
+    out = tmp_path / "advice"
+    out.mkdir()
+    earlier = load_spec(config_path("streamrl-7b"), ["run.iterations=3"])
+    (out / "input.yaml").write_text(earlier.to_yaml())
+    (out / "advice.md").write_text("the earlier advice")
+    assert main(["advise", "streamrl-7b", "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert "run.iterations" in " ".join((printed.out + printed.err).split())
+    assert (out / "advice.md").read_text() == "the earlier advice"
+    assert check_run_out(out, earlier, False, ADVICE_FILES, "input.yaml") is False
+    assert check_run_out(out, load_spec(None), True, ADVICE_FILES, "input.yaml") is True
+    with pytest.raises(SpecError, match="no input.yaml"):  # advice files, but no spec
+        (out / "input.yaml").unlink()
+        check_run_out(out, earlier, False, ADVICE_FILES, "input.yaml")
 
 
 def test_a_directory_given_for_a_file_or_a_file_of_another_kind_is_one_line(tmp_path, capsys):

@@ -235,12 +235,15 @@ def test_a_finished_live_run_run_again_writes_no_tracking(tmp_path, monkeypatch)
     0 (and would open a new MLflow or W&B run)."""
     from experiments import cli
     from policies.results import RunResult
+    from runtime.run_dir import RunDir
 
     out = tmp_path / "run"
     args = ["run", "streamrl-7b", "--out", str(out), "--set", "run.iterations=2",
             "--set", "algorithm.batch_size=64"]  # fmt: skip
     assert main(args) == 0
     saved = RunResult.load(out)
+    RunDir(out).checkpoint.parent.mkdir()  # a live run's directory: a resume, not a new run
+    RunDir(out).checkpoint.write_bytes(b"")
     monkeypatch.setattr(cli, "_execute", lambda *a, **k: saved)  # run_live's finished path
     # a simulator's spec (groups of one): only the finished path is under test here
     monkeypatch.setattr("runtime.launcher.check_live_run", lambda *a, **k: None)
