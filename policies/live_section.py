@@ -49,6 +49,15 @@ class LiveSection(Section):
         "(seconds of the run clock); the run's last step always checkpoints, and so does "
         "the last trained step at a Ctrl-C or SIGTERM",
     )
+    stop_grace_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="seconds a Ctrl-C or SIGTERM waits for the trainer's job in progress and "
+        "the stop's checkpoint; past them the run stops without that checkpoint (it resumes "
+        "after the last one). Also how long the trainer process gets to finish writing a "
+        "checkpoint when the run ends, before it is killed",
+    )
     keep_checkpoints: int = count(
         3,
         ge=0,

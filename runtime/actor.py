@@ -159,10 +159,17 @@ class Actor:
 
     async def _stop(self) -> None:
         """Let the trainer's job in progress finish and start no other (the lock is never
-        given back); checkpoint the last completed step if the cadence skipped it."""
+        given back); checkpoint the last completed step if the cadence skipped it. Past
+        ``stop_grace_s`` the run stops without that checkpoint (runtime.graceful_stop)."""
+        try:
+            await asyncio.wait_for(self._stop_gracefully(), self.config.stop_grace_s)
+        except TimeoutError:
+            raise RunStopped(self.checkpoints.out_of_grace(self.config.stop_grace_s)) from None
+        raise RunStopped("the run stopped on request, its last trained step checkpointed")
+
+    async def _stop_gracefully(self) -> None:
         await self._trainer_free.acquire()
         await self.checkpoints.at_stop()
-        raise RunStopped("the run stopped on request, its last trained step checkpointed")
 
     def post(self, event: Any) -> None:
         """Queue an event for the loop (the fault handler's way in)."""

@@ -19,6 +19,7 @@ class ActorConfig:
     weight_host: str = "127.0.0.1"  # where the trainer hosts the weight group (live.host)
     weight_backend: str = "gloo"
     num_steps: int | None = None  # the run's global number of steps (for step updates)
+    stop_grace_s: float = 60.0  # a stop's wait for the job in progress and its checkpoint
 
     def seed_of(self, request: Request) -> int | None:
         """The sampling seed of one sample: the same sample draws the same random numbers

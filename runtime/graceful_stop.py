@@ -8,7 +8,17 @@ SIGINT or SIGTERM instead asks the actor to stop: it lets the trainer's job in p
 finish, starts no other, checkpoints the last completed optimizer step if the last
 checkpoint is older (:mod:`runtime.step_checkpoints`), then raises :class:`RunStopped`,
 and the handler that was there before gets the signal (which unwinds the run as before,
-and lets the command's handler note which signal came). A second signal unwinds at once.
+and lets the command's handler note which signal came). A second signal unwinds at once,
+and so does a stop whose job in progress and checkpoint take longer than
+``live.stop_grace_s`` (default 60 s): it says plainly that it did not checkpoint and which
+step the run resumes after (:meth:`runtime.step_checkpoints.StepCheckpoints.out_of_grace`).
+
+The trainer process ignores SIGINT and SIGTERM (``runtime.lifetime``): a signal sent to the
+whole process group (``kill -TERM -PGID``, Slurm, a container's init) reaches the command,
+which stops the trainer once the stop's checkpoint is written; it still dies with the
+command (``PR_SET_PDEATHSIG``). The servers the run starts are process groups of their own,
+out of reach of such a signal; one that dies anyway is a lost server, and the stop's
+checkpoint, the trainer's alone, is written all the same.
 
 Only a signal whose handler is Python's own (``default_int_handler``, the command's
 ``SigtermUnwinds``) is taken: one left at the system's default still ends the process.
@@ -36,7 +46,8 @@ class StopRequested:
 
 
 class RunStopped(BaseException):
-    """The actor stopped on request, its last trained step checkpointed. Like
+    """The actor stopped on request, its last trained step checkpointed (unless the stop
+    ran out of ``live.stop_grace_s``: its message says so). Like
     ``KeyboardInterrupt`` no ``except Exception`` takes it, but asyncio passes it on as a
     task's result (an interrupt leaves the event loop from whichever task it is raised in);
     :class:`StopRequests` turns it into the signal's unwind."""

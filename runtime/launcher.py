@@ -170,7 +170,7 @@ def _run_processes(
     except (ProcessDied, TrainerFailed) as err:  # the run goes on from its checkpoint
         raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
     finally:
-        trainer.stop()
+        trainer.stop(spec.live.stop_grace_s)  # its last checkpoint may still be writing
         for s in started:
             stop_server(s)
         servers.stop_all()  # restarted ones too

@@ -9,11 +9,13 @@ resume) when it joins, and the server keeps a :class:`RunLease`:
 * ``/init_process_group`` from another owner is refused (409) while the lease is held;
   a join that succeeds claims it, one that fails leaves it as it was;
 * only control routes (the token, :mod:`runtime.guard`) take or renew it: the holder's
-  joins and weight updates. Generation (``/v1/tandem/generate``, vLLM's routes) is an
+  joins, weight updates and ``POST /renew`` (:meth:`RunLease.renew_by`), which a run
+  sends every third of the lease while it holds the server (:mod:`runtime.lease_keeper`),
+  so that a run whose steps are slower than the lease keeps it too. Generation (``/v1/tandem/generate``, vLLM's routes) is an
   inference route, open without a token, so it never touches the lease: before, any
   caller's generate request renewed it, and kept a dead run's hold alive for ever;
 * the holder's end releases it (``POST /release``), and a holder that died frees it
-  ``TANDEM_LEASE_S`` seconds (default 300) after its last join or update;
+  ``TANDEM_LEASE_S`` seconds (default 300) after its last join, update or renewal;
 * ``/health`` gives the holder and the seconds until the lease is free, so that a run
   attaching to the server is refused at once, by name (``runtime.attach.check_attached``).
 """
@@ -82,6 +84,17 @@ class RunLease:
         """The holder pushed a weight update (a control call: token checked)."""
         if self.owner is not None:
             self.seen_s = self.clock()
+
+    def renew_by(self, owner: str | None) -> None:
+        """``owner`` says it is alive (a control call: token checked): a :class:`LeaseHeld`
+        naming the holder unless ``owner`` holds the lease (a lapsed one no other run took
+        is its still)."""
+        if owner is None or owner != self.owner:
+            held = "nobody" if self.owner is None else f"owner {self.owner}"
+            raise LeaseHeld(
+                f"owner {owner} does not hold this server ({held} does): join it again to hold it"
+            )
+        self.seen_s = self.clock()
 
     def release(self, owner: str | None) -> bool:
         """The holder ended: the server is free at once. False for any other caller."""

@@ -52,13 +52,30 @@ def start_deaf_to_ctrl_c(process) -> None:  # a multiprocessing process, not yet
     stops it), instead of each worker raising KeyboardInterrupt wherever it is, a
     traceback each. SIGINT is blocked meanwhile, so a Ctrl-C to the command in that
     instant waits for its own handler instead of being lost."""
+    start_deaf_to(process, (signal.SIGINT,))
+
+
+def start_deaf_to_stop_signals(process) -> None:  # a multiprocessing process, not started
+    """As :func:`start_deaf_to_ctrl_c`, and deaf to SIGTERM too: a SIGTERM sent to the whole
+    process group (``kill -TERM -PGID``, Slurm, a container's init forwarding it) is the
+    command's to act on, as Ctrl-C is. For a child whose death would lose the graceful
+    stop's checkpoint (the trainer: runtime.graceful_stop). It still never outlives its
+    parent: it dies with it (:func:`die_with_parent`, SIGKILL), and the parent stops it
+    by asking, then with SIGKILL."""
+    start_deaf_to(process, (signal.SIGINT, signal.SIGTERM))
+
+
+def start_deaf_to(process, signals: tuple[int, ...]) -> None:
+    """Start ``process`` ignoring ``signals`` for its whole life (see above); they are
+    blocked here meanwhile, so one sent in that instant waits for this process's handler."""
     if threading.current_thread() is not threading.main_thread():
         process.start()  # signal dispositions are the main thread's to change
         return
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(signals))
+    old_handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
     try:
         process.start()
     finally:
-        signal.signal(signal.SIGINT, old_handler)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

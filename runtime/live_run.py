@@ -3,7 +3,8 @@
 :func:`drive` is what both launchers run once their processes are up — the local one
 (:mod:`runtime.launcher`: processes on this machine) and the Ray one
 (:mod:`runtime.ray_launcher`: Ray actors across nodes): it loads the trainer (and its
-checkpoint), joins the weight group, loads the trainer's weights on every server, drives
+checkpoint), joins the weight group (and keeps the servers' leases while it runs:
+:mod:`runtime.lease_keeper`), loads the trainer's weights on every server, drives
 the spec's pipeline-mode controller with the :class:`runtime.actor.Actor`, and saves the
 :class:`RunResult`. A run directory holding a checkpoint resumes after its last
 checkpointed step: trained samples come from the checkpoint, every other sample is
@@ -37,13 +38,14 @@ from runtime.gen_client import GenerationClient
 from runtime.graceful_stop import StopRequests
 from runtime.history import resume_position
 from runtime.host_cpu import cpu_use_metrics, process_age_s, run_cpu_by_role, run_pids_by_role
+from runtime.lease_keeper import start_keeping, stop_keeping
 from runtime.procs import free_port
 from runtime.recorder import Recorder
 from runtime.run_dir import RunDir
 from runtime.supervisor import Servers
 from runtime.tasks import TaskPromptSource, TaskSet, task_set
 from runtime.trainer import TrainerConfig
-from runtime.trainer_proc import TrainerClient
+from runtime.trainer_client import TrainerClient
 from runtime.warm_up import warm_up_servers
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,7 @@ async def drive(
     log.info("joining the weight group (%s) with %d server(s)", backend, len(ids))
     await trainer.join_group([servers.addr(i) for i in ids], host, free_port(host), backend)
     clients = _clients(spec, servers, ids)
+    keeper = start_keeping(lambda: _urls(servers), servers.token, servers.owner)
     try:
         end_s = time_offset_s
         startup: dict[str, float] = {}
@@ -175,12 +178,17 @@ async def drive(
                 _part_metrics(recorder, offset, time_offset_s, end_s, cpu_before, cpu_after)
             )
     finally:
+        await stop_keeping(keeper)
         for c in clients.values():
             await c.aclose()
     result = _result(spec, recorder, end_s, len(ids))
     _save(result, run_dir, offset, time_offset_s, cpu_rows, startup)
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
+
+
+def _urls(servers: Servers) -> list[str]:
+    return [s.base_url for s in servers.slots.values()]
 
 
 def _clients(spec: RunSpec, servers: Servers, ids: list[int]) -> dict[int, GenerationClient]:
@@ -319,7 +327,7 @@ def make_actor(
         checkpoint_interval_s=spec.live.checkpoint_min_interval_s,
         weight_host=spec.live.host,
         weight_backend=backend,
-        num_steps=spec.run.iterations,
+        num_steps=spec.run.iterations, stop_grace_s=spec.live.stop_grace_s,
     )  # fmt: skip
     predictor = policies.predictor
     learn = predictor.update if isinstance(predictor, OnlineLengthPredictor) else None

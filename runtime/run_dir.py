@@ -34,7 +34,7 @@ OPERATIONAL_KEYS = (
     "live.kv_cache_gib", "live.checkpoint_every", "live.checkpoint_min_interval_s",
     "live.keep_checkpoints", "live.cpu_sample_s", "live.lend_idle_cores", "live.weight_backend",
     "live.device", "live.cost_model", "live.warm_up_tokens", "live.skip_zero_advantage",
-    "live.share_prompts",
+    "live.share_prompts", "live.stop_grace_s",
 )  # fmt: skip
 
 

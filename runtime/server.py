@@ -4,7 +4,8 @@ vLLM builds the app (``/v1/completions``, ``/v1/chat/completions``, ... on an
 ``AsyncLLM`` engine); this module mounts on it:
 
 * ``POST /init_process_group`` — join the trainer's weight-broadcast group (one run at a
-  time: :mod:`runtime.lease`; ``POST /release`` frees the server at the run's end);
+  time: :mod:`runtime.lease`; ``POST /renew`` keeps the holder's hold, ``POST /release``
+  frees the server at the run's end);
 * ``POST /request_weight_update`` — pause (keep), receive and load, resume; answers when
   loaded (see :mod:`runtime.control`);
 * ``GET /v1/tandem/params`` — the served model's parameter names and shapes;
@@ -85,6 +86,11 @@ class InitGroupBody(_Body):
 
 class ReleaseBody(_Body):
     owner: str = Field(max_length=64)
+
+
+class RenewResponse(_Body):
+    owner: str
+    lease_s: float  # the holder renews well within this (runtime.lease_keeper)
 
 
 class ParamBody(_Body):
@@ -214,6 +220,14 @@ def _weight_group_routes(router: APIRouter, control: ServerControl, lease: RunLe
             pause_s=result.pause_s,
             stages_ms=result.stages_ms,
         )
+
+    @router.post("/renew")  # a control route: the token was checked (runtime.guard)
+    async def renew(body: ReleaseBody) -> RenewResponse:
+        try:
+            lease.renew_by(body.owner)
+        except LeaseHeld as err:
+            raise RouteError(409, str(err), "owner") from None
+        return RenewResponse(owner=body.owner, lease_s=lease.lease_s)
 
     @router.post("/release")
     async def release(body: ReleaseBody) -> dict:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from runtime.checkpoints import CheckpointCadence
 from runtime.history import HistoryJournal, journal_path
 from runtime.recorder import DataPosition, Recorder
-from runtime.trainer_proc import TrainerClient
+from runtime.trainer_client import TrainerClient
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class StepCheckpoints:
         self.trainer = trainer
         self.recorder = recorder
         self.now = now
+        self.stop_writing: int | None = None  # the step the stop's checkpoint is writing
 
     def due(self, step: int) -> bool:
         """Whether global ``step``, just taken, checkpoints now."""
@@ -52,14 +53,39 @@ class StepCheckpoints:
         await self.trainer.checkpoint(self.path, slim)
         self.last_step = step
 
+    def last_trained_step(self) -> int:
+        steps = self.recorder.steps
+        return steps[-1]["step"] if steps else self.last_step
+
+    def out_of_grace(self, grace_s: float) -> str:
+        """Say (and log) that a stop ran out of ``live.stop_grace_s`` before its checkpoint,
+        and which step the run resumes after."""
+        step = self.last_trained_step()
+        if self.path is None:
+            kept = "the run checkpoints nothing: it starts over"
+        elif self.last_step < 0:
+            kept = "the run has no checkpoint: it starts over"
+        else:
+            kept = f"the run resumes after step {self.last_step}, its last checkpoint"
+        lost = "not checkpointed" if step > self.last_step else "checkpointed already"
+        if self.stop_writing is not None:  # the trainer may still finish it before teardown
+            kept += f" (or after step {self.stop_writing} if the trainer ends that write)"
+        waited = "its checkpoint" if self.stop_writing is not None else "the trainer's job"
+        why = (
+            f"the stop ran out of live.stop_grace_s ({grace_s:g} s) waiting for {waited}: it "
+            f"did not checkpoint (the last trained step, {step}, is {lost}); {kept}"
+        )
+        log.warning("%s", why)
+        return why
+
     async def at_stop(self) -> None:
         """Checkpoint the last completed step if the last checkpoint is older (call it with
         the trainer between jobs). A failure is logged: the stop goes on."""
-        steps = self.recorder.steps
-        step = steps[-1]["step"] if steps else self.last_step
+        step = self.last_trained_step()
         if self.path is None or step <= self.last_step:
             return
         log.info("stopping: checkpointing step %d (the last was %d)", step, self.last_step)
+        self.stop_writing = step
         try:
             await self.write(step)
         except Exception as err:  # noqa: BLE001 - a dead trainer: the run resumes from the last

@@ -35,9 +35,10 @@ import os
 import signal
 import threading
 import traceback
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
@@ -47,21 +48,14 @@ from runtime.core_loan import CoreLoan
 from runtime.errors import LiveRunError, ProcessDied, TrainerFailed, describe_exit
 from runtime.fan_out import ServerAddr, answers, fan_out, join_unless_refused
 from runtime.http_pool import POOL_LIMITS
-from runtime.lifetime import die_with_parent, start_deaf_to_ctrl_c
+from runtime.lifetime import die_with_parent, start_deaf_to_stop_signals
 from runtime.recorder import DataPosition
 from runtime.trainer import Trainer, TrainerConfig, TrainItem, write_state
+from runtime.trainer_client import PushResult
 
 JOIN_TIMEOUT_S = 60.0  # every rank must have joined the weight group by then
 PUSH_TIMEOUT_S = 30.0  # a server answers an update within this (it receives for 3/4 of it)
 ANSWER_POLL_S = 0.002  # how often the actor asks whether the servers answered a push
-
-
-@dataclass(slots=True, frozen=True)
-class PushResult:
-    version: int
-    pause_s: list[float]  # per server, the pause its generation saw (0 where it failed)
-    stages_ms: list[dict[str, float]]  # per server: receive / check / load durations
-    failures: dict[int, str] = field(default_factory=dict)  # server index -> why it failed
 
 
 class TrainerWorker:
@@ -262,26 +256,6 @@ def serve(conn, answers_conn, worker: TrainerWorker) -> None:
         pass
 
 
-class TrainerClient(Protocol):
-    """What the actor loop calls on the trainer, wherever it runs: one process
-    (:class:`TrainerProcess`) or M ranks on Ray (``runtime.ray_handles.RayTrainerGroup``)."""
-
-    @property
-    def pid(self) -> int | None: ...
-    async def initialise(self, checkpoint: str | None) -> DataPosition | None: ...
-    async def join_group(
-        self, servers: list[ServerAddr], host: str, port: int, backend: str
-    ) -> None: ...
-    async def push_weights(self, version: int) -> PushResult: ...
-    async def send_weights(self, version: int) -> None: ...
-    async def push_answers(self) -> PushResult: ...
-    async def train(self, items: list[TrainItem], now_s: float) -> float: ...
-    def generation_idle(self, idle: bool) -> None: ...
-    async def step(self, step: int, now_s: float) -> StepStats: ...
-    async def checkpoint(self, path: str, position: DataPosition) -> None: ...
-    async def checksums(self) -> dict[str, tuple[float, float]]: ...
-
-
 class TrainerProcess:
     """Client of the trainer child process: one typed async method per
     :class:`TrainerWorker` method, each awaited without blocking the loop (the pipe and
@@ -300,6 +274,9 @@ class TrainerProcess:
         self._answers_conn = None  # push answers, read while a call runs on the main pipe
         self._lock = asyncio.Lock()
         self._answers_lock = asyncio.Lock()
+        # the pipe calls' threads: not asyncio's default pool, which the loop's end waits
+        # for, so that a stop out of grace (live.stop_grace_s) does not wait for a call
+        self._pool = ThreadPoolExecutor(2, "trainer-pipe")
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -310,7 +287,7 @@ class TrainerProcess:
             args=(child, answers_child, self.config, self.cores, self.nice, os.getpid(), self.loan),
             daemon=True,
         )
-        start_deaf_to_ctrl_c(self._proc)  # Ctrl-C stops the run, which stops it (no traceback)
+        start_deaf_to_stop_signals(self._proc)  # the run stops it, after the stop's checkpoint
         self._conn, self._answers_conn = parent, answers_parent
 
     # -- the trainer's methods, each run in the child, one at a time -----------------------
@@ -361,11 +338,15 @@ class TrainerProcess:
 
     async def _call(self, name: str, *args: Any) -> Any:
         async with self._lock:
-            return await asyncio.to_thread(self._call_sync, self._conn, name, *args)
+            return await self._in_pool(self._conn, name, *args)
 
     async def _answers_call(self, name: str) -> Any:
         async with self._answers_lock:
-            return await asyncio.to_thread(self._call_sync, self._answers_conn, name)
+            return await self._in_pool(self._answers_conn, name)
+
+    async def _in_pool(self, conn, name: str, *args: Any) -> Any:
+        call = functools.partial(self._call_sync, conn, name, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     @property
     def pid(self) -> int | None:
@@ -388,12 +369,15 @@ class TrainerProcess:
             raise TrainerFailed(f"trainer {name} failed: {value.splitlines()[0]}")
         return value
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Ask the child to end, give it ``grace_s`` to finish its call and the checkpoint
+        it writes in the background (live.stop_grace_s), then SIGKILL it."""
+        self._pool.shutdown(wait=False)
         if self._proc is None:
             return
         with contextlib.suppress(BrokenPipeError, OSError):
             self._conn.send(None)
-        self._proc.join(timeout=10)
+        self._proc.join(timeout=grace_s)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join()

@@ -85,10 +85,10 @@ def test_a_stop_with_the_last_step_checkpointed_writes_nothing(tmp_path):
     assert checkpoints == [f"checkpoint {s}" for s in range(STOP_AFTER)]  # every step's, once
 
 
-def _run_until_stopped(spec, ckpt: Path) -> StoppingTrainer:
+def _run_until_stopped(spec, ckpt: Path, kind=StoppingTrainer, caplog=None) -> StoppingTrainer:
     """Run the actor on one fake server until the trainer asks it to stop mid-step."""
     world = FakeWorld(1)
-    trainer = StoppingTrainer(world)
+    trainer = kind(world)
     actor = make_actor(spec, {0: FakeClient(0, world)}, trainer, Recorder(), set(), 0, str(ckpt),
                        None, None, "gloo")  # fmt: skip
     trainer.request_stop = actor.request_stop
@@ -97,6 +97,8 @@ def _run_until_stopped(spec, ckpt: Path) -> StoppingTrainer:
         await actor.push_now(0)
         await asyncio.wait_for(actor.run(), 30)
 
+    if caplog is not None:
+        caplog.set_level("WARNING", logger="runtime.step_checkpoints")
     with pytest.raises(RunStopped):
         asyncio.run(run())
     return trainer
@@ -153,3 +155,92 @@ def test_a_second_signal_or_none_listening_unwinds_at_once():
         assert seen == [signal.SIGTERM] * 2
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class StuckTrainer(StoppingTrainer):
+    """The train call in progress when the stop comes does not end for a minute."""
+
+    async def train(self, items, now_s):
+        loss = await super().train(items, now_s)  # the call that asks for the stop
+        if "stop" in self.calls:
+            self.calls.append("stuck")
+            await asyncio.sleep(60)
+        return loss
+
+
+@pytest.mark.parametrize(
+    ("every", "says"),
+    [
+        ("live.checkpoint_min_interval_s=3600", "the run has no checkpoint: it starts over"),
+        ("live.checkpoint_every=2", "the run resumes after step 1, its last checkpoint"),
+    ],
+    ids=["no-checkpoint", "checkpointed-before"],
+)
+def test_a_stop_past_its_grace_unwinds_without_a_checkpoint_and_says_so(
+    every, says, tmp_path, caplog
+):
+    """Before: the stop waited for the trainer's job in progress without any limit."""
+    spec = load_spec(CONFIG, [
+        "pipeline.mode=stream-async", "run.iterations=8", f"algorithm.batch_size={BATCH}",
+        "live.num_servers=1", "live.stop_grace_s=0.3", every,
+    ])  # fmt: skip
+    start = time.monotonic()
+    trainer = _run_until_stopped(spec, tmp_path / "last.pt", StuckTrainer, caplog)
+    assert time.monotonic() - start < 20  # not the stuck call's minute
+    stop = trainer.calls.index("stop")
+    assert "stuck" in trainer.calls[stop:]
+    assert not [c for c in trainer.calls[stop:] if c.startswith("checkpoint")]
+    (warning,) = [r.getMessage() for r in caplog.records if "stop_grace_s" in r.getMessage()]
+    assert "live.stop_grace_s (0.3 s)" in warning and "it did not checkpoint" in warning
+    assert "the last trained step, 2, is not checkpointed" in warning and says in warning
+
+
+class StuckCheckpointTrainer(StoppingTrainer):
+    """The stop's checkpoint does not end for a minute (a large model's write)."""
+
+    async def checkpoint(self, path, position):
+        if "stop" in self.calls:
+            self.calls.append("stuck")
+            await asyncio.sleep(60)
+        await super().checkpoint(path, position)
+
+
+def test_a_stop_whose_checkpoint_runs_past_its_grace_says_the_write_may_still_land(
+    tmp_path, caplog
+):
+    spec = load_spec(CONFIG, [
+        "pipeline.mode=stream-async", "run.iterations=8", f"algorithm.batch_size={BATCH}",
+        "live.num_servers=1", "live.stop_grace_s=0.3", "live.checkpoint_every=2",
+    ])  # fmt: skip
+    trainer = _run_until_stopped(spec, tmp_path / "last.pt", StuckCheckpointTrainer, caplog)
+    assert trainer.calls[trainer.calls.index("stop") :] == ["stop", "train", "stuck"]
+    (warning,) = [r.getMessage() for r in caplog.records if "stop_grace_s" in r.getMessage()]
+    assert "waiting for its checkpoint: it did not checkpoint" in warning
+    assert "resumes after step 1, its last checkpoint (or after step 2 if the trainer" in warning
+
+
+def test_the_stop_grace_is_a_positive_number_of_seconds_named_when_wrong():
+    from policies.spec import SpecError
+
+    with pytest.raises(SpecError, match="live.stop_grace_s"):
+        load_spec(CONFIG, ["live.stop_grace_s=0"])
+    assert load_spec(CONFIG, []).live.stop_grace_s == 60.0
+
+
+class ServersDieTrainer(StoppingTrainer):
+    """Every server dies as the stop is asked (a SIGTERM to every process of a cgroup)."""
+
+    async def train(self, items, now_s):
+        if len(self.steps) == STOP_AFTER + 1:
+            self.world.dead.add(0)
+        return await super().train(items, now_s)
+
+
+def test_servers_that_die_with_the_stop_do_not_keep_it_from_checkpointing(tmp_path):
+    spec = load_spec(CONFIG, [
+        "pipeline.mode=pipeline", "run.iterations=8", f"algorithm.batch_size={BATCH}",
+        "live.num_servers=1", "live.checkpoint_min_interval_s=3600",
+    ])  # fmt: skip
+    trainer = _run_until_stopped(spec, tmp_path / "last.pt", ServersDieTrainer)
+    stop = trainer.calls.index("stop")
+    assert trainer.calls[stop + 1 :] == ["train", f"checkpoint {STOP_AFTER - 1}"]

@@ -52,3 +52,32 @@ def test_an_owner_is_its_run_directory_and_the_lease_comes_from_the_environment(
     monkeypatch.setenv("TANDEM_LEASE_S", "-1")
     with pytest.raises(ValueError, match="TANDEM_LEASE_S='-1'"):
         lease_s_from_env()
+
+
+def test_only_the_holder_renews_and_a_renewal_from_another_run_names_the_holder():
+    clock = Clock()
+    lease = RunLease(lease_s=300.0, clock=clock)
+    with pytest.raises(LeaseHeld, match="owner run-a does not hold this server \\(nobody does\\)"):
+        lease.renew_by("run-a")  # a free server: a renewal takes nothing
+    assert lease.owner is None
+    lease.claim("run-a")
+    clock.now += 250
+    lease.renew_by("run-a")
+    assert lease.free_in_s() == 300.0
+    clock.now += 100
+    with pytest.raises(LeaseHeld, match="owner run-b does not hold this server \\(owner run-a"):
+        lease.renew_by("run-b")
+    with pytest.raises(LeaseHeld):
+        lease.renew_by(None)
+    assert (lease.owner, lease.free_in_s()) == ("run-a", 200.0)  # as it was
+    clock.now += 400
+    lease.renew_by("run-a")  # lapsed, but no other run took it: still its own
+    assert lease.free_in_s() == 300.0
+
+
+def test_a_renewal_comes_every_third_of_the_lease():
+    from runtime.lease_keeper import IDLE_RENEW_EVERY_S, renew_every_s
+
+    assert renew_every_s(300.0) == 100.0
+    assert renew_every_s(0.0) == IDLE_RENEW_EVERY_S  # no lease to keep: ask now and then
+    assert renew_every_s(0.01) == pytest.approx(0.1)

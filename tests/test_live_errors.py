@@ -58,7 +58,7 @@ def test_a_failed_trainer_call_ends_the_run_with_the_resume_command(tmp_path, mo
         def start(self) -> None:
             pass
 
-        def stop(self) -> None:
+        def stop(self, grace_s: float = 10.0) -> None:
             pass
 
     async def drive(*args, **kwargs) -> None:

@@ -4,8 +4,10 @@ resource names and the one list of metric names."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import threading
+import time
 
 from helpers import completion, request
 
@@ -134,3 +136,28 @@ def test_compute_metrics_reports_exactly_the_listed_metrics_in_order():
     metrics = compute_metrics([], spans, 2.0, {generation_resource(0): 0.0}, False, 1, None)
     assert tuple(metrics) == METRIC_NAMES
     assert set(SUMMARY_METRICS) < set(METRIC_NAMES)
+
+
+def test_the_run_ends_without_waiting_for_a_trainer_call_it_gave_up_on():
+    """A stop out of live.stop_grace_s gives up on the trainer's job in progress; before, its
+    pipe call ran in asyncio's default pool, which the event loop's end waits for: the run
+    could not end before the trainer answered (the teardown then kills the trainer)."""
+    worker = SlowTrainWorker()
+    conn, child = mp.Pipe()
+    answers, answers_child = mp.Pipe()
+    server = threading.Thread(target=serve, args=(child, answers_child, worker), daemon=True)
+    server.start()
+    proc = TrainerProcess(config=None)  # type: ignore[arg-type] - the pipes are set by hand
+    proc._conn, proc._answers_conn = conn, answers
+
+    async def script() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.train([], 0.0), timeout=0.1)
+
+    start = time.monotonic()
+    asyncio.run(script())
+    assert time.monotonic() - start < 5 and not worker.release.is_set()
+    worker.release.set()  # as the teardown's SIGKILL would end the call
+    conn.send(None)
+    server.join(10)
+    assert not server.is_alive()

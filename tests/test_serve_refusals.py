@@ -156,3 +156,59 @@ def test_an_update_before_any_join_names_no_field_and_records_no_pause():
     assert _error(resp)["message"] == "no weight group: call /init_process_group first"
     assert _error(resp)["param"] is None
     assert (health["num_updates"], health["last_pause_s"]) == (0, None)
+
+
+def test_renew_takes_the_token_and_the_holders_owner_and_refuses_another_naming_the_holder():
+    """POST /renew (runtime.lease_keeper): before, only joins and updates renewed the lease,
+    so a run pushing rarer than TANDEM_LEASE_S lost its server to another run's join."""
+    clock = Clock()
+    lease = RunLease(lease_s=300.0, clock=clock)
+    with _client(_Engine([{}]), lease) as client:
+        client.post("/init_process_group", json={**JOIN, "owner": "run-a"}, headers=TOKEN)
+        clock.now += 250
+        assert client.post("/renew", json={"owner": "run-a"}).status_code == 401  # no token
+        other = client.post("/renew", json={"owner": "run-b"}, headers=TOKEN)
+        assert other.status_code == 409 and _error(other)["param"] == "body.owner"
+        assert (
+            "owner run-b does not hold this server (owner run-a does)" in _error(other)["message"]
+        )
+        assert client.get("/health").json()["free_in_s"] == 50.0  # neither renewed it
+        renewed = client.post("/renew", json={"owner": "run-a"}, headers=TOKEN)
+        assert renewed.json() == {"owner": "run-a", "lease_s": 300.0}
+        assert client.get("/health").json()["free_in_s"] == 300.0
+
+
+def test_a_run_keeps_its_lease_across_a_silence_longer_than_the_lease():
+    """The real route and guard on the real clock, a lease of 0.6 s: the run joins, then
+    pushes nothing for 1.5 s while its keeper renews; another run's join is still refused.
+    Without the keeper the same silence frees the server."""
+    import asyncio
+
+    import httpx
+
+    from runtime.lease_keeper import keep_leases
+
+    async def silence(keep: bool) -> int:
+        client = _client(_Engine([{}], [{}]), RunLease(lease_s=0.6))
+        app = client.app
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://server"
+        ) as http:
+            joined = await http.post(
+                "/init_process_group", json={**JOIN, "owner": "run-a"}, headers=TOKEN
+            )
+            assert joined.status_code == 200, joined.text
+            urls = lambda: ["http://server"]  # noqa: E731
+            keeper = (
+                asyncio.create_task(keep_leases(urls, "secret", "run-a", http)) if keep else None
+            )
+            await asyncio.sleep(1.5)
+            if keeper is not None:
+                keeper.cancel()
+            other = await http.post(
+                "/init_process_group", json={**JOIN, "owner": "run-b"}, headers=TOKEN
+            )
+            return other.status_code
+
+    assert asyncio.run(silence(keep=True)) == 409  # held: the other run is refused
+    assert asyncio.run(silence(keep=False)) == 200  # lapsed: the other run joined

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -205,6 +206,38 @@ def test_sigterm_checkpoints_the_last_logged_step_and_resume_trains_each_step_on
     samples = pd.read_parquet(tmp_path / "samples.parquet")
     assert sorted(samples["sample_id"]) == list(range(steps * 16))  # none lost, none twice
     assert samples["train_step"].value_counts().sort_index().tolist() == [16] * steps
+
+
+def test_sigterm_to_the_whole_process_group_still_checkpoints_the_last_logged_step(
+    server, token, tmp_path
+):
+    """SIGTERM to every process of the run (``kill -TERM -PGID``: Slurm, a container's init,
+    many schedulers): the trainer leaves it to the command, which checkpoints the last logged
+    step, then stops it; nothing the run started outlives it. Before: the trainer died of
+    the signal, the stop's checkpoint failed and every step trained since the last was lost."""
+    args = [*_overrides(server, token, "pipeline", 20), "live.checkpoint_min_interval_s=3600"]
+    cmd = [*TANDEM, "run", str(CONFIG), "--live", "--out", str(tmp_path),
+           *(f"--set={a}" for a in args)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: len(_logged_steps(tmp_path)) >= 3 or proc.poll() is not None, 300)
+        assert proc.poll() is None and not (tmp_path / "checkpoints" / "last.pt").exists()
+        children = descendants(proc.pid)  # the trainer and its helpers
+        os.killpg(proc.pid, signal.SIGTERM)  # the command and every child in its group
+        assert proc.wait(timeout=120) == 143
+        assert children and wait_until(lambda: not any(alive(p) for p in children), 30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing of the group is left
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    logged = _logged_steps(tmp_path)
+    checkpointed = journal_steps(tmp_path / "checkpoints" / "history.jsonl")
+    assert logged == list(range(len(logged))) and checkpointed == len(logged)
+    assert kept_steps(tmp_path / "checkpoints")[-1] == logged[-1]  # the trainer's state too
+    assert "the stop's checkpoint" not in (tmp_path / "run.log").read_text()  # no failure
 
 
 def _logged_steps(run_dir: Path) -> list[int]:
