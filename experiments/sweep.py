@@ -137,18 +137,22 @@ def _done_rows(out: Path, points: list[dict]) -> dict[int, dict]:
 def run_sweep(
     base: RunSpec, axes: list[GridAxis], out: Path, workers: int | None = None,
     quiet: bool = False, point_timeout_s: float | None = None, ray_address: str | None = None,
+    left_out: dict[int, str] | None = None,
 ) -> SweepResult:  # fmt: skip
     """Every point of the grid ``axes`` over ``base``, simulated into ``out``; the table.
 
     ``ray_address``: None runs the points in ``workers`` local processes (default 2);
     ``"local"`` in a Ray instance started for the sweep on 127.0.0.1 with ``workers`` CPUs
     (default: this machine's cores); ``"auto"`` or ``host:port`` on that Ray cluster, at
-    most ``workers`` points at once (default: as many as it runs)."""
+    most ``workers`` points at once (default: as many as it runs). ``left_out``: points
+    not run, by index, with why (``--skip-invalid``; listed in ``left_out.csv``)."""
     points = grid_points(axes)
     out.mkdir(parents=True, exist_ok=True)
     _check_same_sweep(out, base, points)
     write_atomic(out / "spec.yaml", base.to_yaml().encode())
     rows = _done_rows(out, points)  # a resumed sweep skips the points already done
+    left_out = left_out or {}
+    _save_left_out(out, points, left_out)
 
     def on_row(index: int, row: Row) -> None:
         row = {"point": index, **points[index], **row}
@@ -158,14 +162,14 @@ def run_sweep(
         write_atomic(point_dir(out, index) / "row.json", json.dumps(row, default=str).encode())
         bar.advance(task)
 
-    jobs = [(i, p) for i, p in enumerate(points) if i not in rows]
+    jobs = [(i, p) for i, p in enumerate(points) if i not in rows and i not in left_out]
     num_done = len(rows)
     with (
         _pool(base, out, workers, point_timeout_s, ray_address) as pool,
         Progress(disable=quiet or not jobs) as bar,  # nothing left: no bar without an ETA
     ):
         name = f"sweep ({num_done} already done)" if num_done else "sweep"
-        task = bar.add_task(name, total=len(points), completed=num_done)
+        task = bar.add_task(name, total=len(points) - len(left_out), completed=num_done)
         run_jobs(pool, jobs, on_row)
     frame = pd.DataFrame([rows[i] for i in sorted(rows)]).reset_index(drop=True)
     _save(frame, out)
@@ -186,6 +190,16 @@ def _pool(
 
     with ray_session(ray_address, num_cpus=workers):
         yield RayPool(base, out, workers, timeout_s)
+
+
+def _save_left_out(out: Path, points: list[dict], left_out: dict[int, str]) -> None:
+    """``left_out.csv``: the points not run and why (none: no file, an earlier one goes)."""
+    path = out / "left_out.csv"
+    if not left_out:
+        path.unlink(missing_ok=True)
+        return
+    rows = [{"point": i, **points[i], "why": why} for i, why in sorted(left_out.items())]
+    write_atomic(path, pd.DataFrame(rows).to_csv(index=False).encode())
 
 
 def _save(frame: pd.DataFrame, out: Path) -> None:

@@ -58,6 +58,12 @@ def add_sweep_parser(
         help="seconds a point may take before it is stopped and recorded as failed",
     )
     sweep.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="leave out the grid's points the spec refuses (listed in left_out.csv) instead "
+        "of refusing the sweep",
+    )
+    sweep.add_argument(
         "--out",
         required=True,
         help="directory for results.csv/.parquet and points/; a second run resumes (skips done points)",
@@ -85,11 +91,19 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
     axes = [parse_grid(g) for g in args.grid]
     points = grid_points(axes)  # a repeated key or value is refused before --out is made
     check_untracked(spec, [axis.key for axis in axes])
-    check_point_specs(spec, points)  # so is an impossible point, before any point runs
+    # so is an impossible point (unless left out), before any point runs
+    left_out = check_point_specs(spec, points, args.skip_invalid)
     out = check_out_dir(args.out)
     result = run_sweep(
-        spec, axes, out, args.workers, point_timeout_s=args.point_timeout, ray_address=args.ray
-    )
+        spec, axes, out, args.workers, point_timeout_s=args.point_timeout,
+        ray_address=args.ray, left_out=left_out,
+    )  # fmt: skip
+    if left_out:
+        console.print(
+            f"{len(left_out)} of {len(points)} points left out (the spec refuses them; "
+            f"left_out.csv says why), e.g. point {next(iter(left_out))}: "
+            f"{next(iter(left_out.values()))}"
+        )
     frame = result.frame
     failed = frame["error"].notna().sum()
     if failed < len(frame):

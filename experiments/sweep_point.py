@@ -41,25 +41,39 @@ def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
     return override_spec(base, point_overrides(point))
 
 
-def check_point_specs(base: RunSpec, points: list[dict[str, Any]]) -> None:
+def check_point_specs(
+    base: RunSpec, points: list[dict[str, Any]], skip_invalid: bool = False
+) -> dict[int, str]:
     """Build every point's spec and check it as ``tandem run`` does before simulating
     (``sim.cluster.check_sim_run``; nothing runs): the first invalid one is a
-    :class:`SpecError` naming the point's ``key=value`` settings and what is wrong. What
-    the points would warn about (keys that do nothing, a trainer whose optimizer must be
+    :class:`SpecError` naming the point's ``key=value`` settings and what is wrong. With
+    ``skip_invalid`` (``--skip-invalid``) the invalid points are returned instead, by
+    index, with what is wrong (a grid of ``pipeline.mode`` × ``pipeline.max_lag`` holds
+    combinations no mode takes); only a grid of nothing but those is an error. What the
+    points would warn about (keys that do nothing, a trainer whose optimizer must be
     offloaded) is logged once for all the points that share it."""
     from sim.cluster import check_sim_run
 
-    specs, warnings = [], []
-    for point in points:
+    specs, warnings, invalid = [], [], {}
+    for index, point in enumerate(points):
         try:
             spec = point_spec(base, point)
             warnings += check_sim_run(spec)
         except (SpecError, ValueError) as err:
-            raise SpecError(f"grid point {' '.join(point_overrides(point))}: {err}") from None
+            why = f"grid point {' '.join(point_overrides(point))}: {err}"
+            if not skip_invalid:
+                raise SpecError(f"{why} (--skip-invalid leaves such points out)") from None
+            invalid[index] = str(err)
+            continue
         specs.append(spec)
+    if invalid and not specs:
+        raise SpecError(
+            f"every point of the grid is invalid; the first: {next(iter(invalid.values()))}"
+        )
     log_inert_keys(specs)
     for warning in dict.fromkeys(warnings):
         log.warning("%s", warning)
+    return invalid
 
 
 def base_from_yaml(text: str) -> RunSpec:

@@ -172,6 +172,30 @@ def test_sweep_refuses_a_point_the_simulator_would_refuse_before_out(
     assert not out.exists()
 
 
+def test_skip_invalid_leaves_out_the_points_no_mode_takes_and_lists_them(tmp_path, capsys):
+    """Seen: ``--grid pipeline.mode=stream-async,pipeline --grid pipeline.max_lag=1,4`` was
+    refused outright (stream-async's lag is fixed at 1), so one sweep could not compare
+    stream-async with pipeline's lags."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SMALL_YAML)
+    out = tmp_path / "sweep"
+    grid = ["--grid", "pipeline.mode=stream-async,pipeline", "--grid", "pipeline.max_lag=1,4"]
+    assert main(["sweep", str(spec), *grid, "--out", str(out)]) == 2
+    assert "--skip-invalid" in _flat(capsys.readouterr().out) and not out.exists()
+    assert main(["sweep", str(spec), *grid, "--skip-invalid", "--out", str(out)]) == 0
+    assert "1 of 4 points left out" in _flat(capsys.readouterr().out)
+    results = pd.read_csv(out / "results.csv")
+    assert results["point"].tolist() == [0, 2, 3] and results["error"].isna().all()
+    left = pd.read_csv(out / "left_out.csv")
+    assert left[["point", "pipeline.mode", "pipeline.max_lag"]].values.tolist() == [
+        [1, "stream-async", 4]
+    ]
+    assert "does not apply to mode 'stream-async'" in left["why"][0]
+    # a grid of nothing but refused points is still refused
+    only = ["--grid", "pipeline.mode=stream-async", "--grid", "pipeline.max_lag=3,4"]
+    assert main(["sweep", str(spec), *only, "--skip-invalid", "--out", str(tmp_path / "b")]) == 2
+
+
 def test_bench_sim_prints_json_with_every_mode_and_the_fast_forward_speedup(capsys):
     args = ["bench", "sim", "streamrl-7b", "--iterations", "1"]
     assert main([*args, "--set", "algorithm.batch_size=64", "--set", "run.iterations=1"]) == 0
