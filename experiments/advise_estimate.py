@@ -39,7 +39,7 @@ from policies.rng import RngStreams
 from policies.spec import RunSpec
 from sim.cluster import min_trainer_gpus
 from sim.costs import SimCostModel, build_cost_model
-from sim.tables import hardware_table
+from sim.tables import hardware_of
 from sim.workload import Workload
 
 NUM_LENGTH_SAMPLES = 4096
@@ -180,7 +180,7 @@ class Estimator:
     def cost_units(self, s: Structure) -> float | None:
         """GPU cost in H20-machine units (``policies.results.COST_UNIT``; the sim's
         ``cost_normalized_throughput`` denominator)."""
-        table = hardware_table()
+        table = hardware_of(self.spec)
         total = 0.0
         counts = list(s.generation_gpus)
         if not s.colocated:

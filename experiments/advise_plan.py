@@ -29,7 +29,7 @@ from policies.build import build_allocation, mode_of
 from policies.rng import RngStreams
 from policies.spec import RunSpec, SpecError
 from sim.cluster import resolve_cluster
-from sim.tables import hardware_without_cost
+from sim.tables import hardware_of, hardware_without_cost
 from sim.workload import Workload
 
 
@@ -96,10 +96,12 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
     if not found:
         raise ValueError("the search space is empty: no mode, tp or split fits the constraints")
     if options.objective == "cost-normalized" and estimator.cost_units(found[0].structure) is None:
-        missing = hardware_without_cost(g.hardware for g in estimator.inventory.groups)
+        groups = estimator.inventory.groups
+        missing = hardware_without_cost((g.hardware for g in groups), hardware_of(base))
         raise ValueError(
             "--objective cost-normalized needs every GPU's cost in hardware.csv: it has no "
-            f"cost_per_machine_rel_h20 for {', '.join(missing)}"
+            f"cost_per_machine_rel_h20 for {', '.join(missing)} (give it with --set "
+            f"sim.hardware='[{{name: {missing[0]}, cost_per_machine_rel_h20: …}}]')"
         )
     per_structure = {c.structure: _estimate(estimator, c, options.objective) for c in found}
     estimates = tuple(per_structure[c.structure] for c in found)

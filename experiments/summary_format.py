@@ -33,13 +33,13 @@ def cost_note(spec: RunSpec, metrics: dict[str, Any]) -> str | None:
         return None
     if "sim_wall_s" not in metrics:
         return "cost_normalized_throughput: a live run is not priced (the simulator's only)"
-    from sim.tables import hardware_without_cost
+    from sim.tables import hardware_of, hardware_without_cost
 
     names = [pool.hardware for pool in spec.cluster.generation] + [spec.cluster.trainer.hardware]
-    missing = hardware_without_cost(names)
+    missing = hardware_without_cost(names, hardware_of(spec))
     if not missing:
         return None
     return (
         f"cost_normalized_throughput {MISSING}: hardware.csv has no cost_per_machine_rel_h20 "
-        f"for {', '.join(missing)}"
+        f"for {', '.join(missing)} (sim.hardware can give it)"
     )

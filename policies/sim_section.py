@@ -43,6 +43,20 @@ class EfficiencySection(_Section):
     )
 
 
+class HardwareRow(_Section):
+    """A row of hardware.csv for this run: a GPU it does not list (every figure given), or
+    figures of one it lists (those given replace its own; e.g. a price for H100-SXM)."""
+
+    name: str = Field(min_length=1, description="the name cluster pools give as hardware")
+    bf16_dense_tflops: float | None = Field(None, gt=0, description="dense bf16 TFLOP/s")
+    hbm_gb: float | None = Field(None, gt=0, description="GPU memory, GB")
+    hbm_tb_per_s: float | None = Field(None, gt=0, description="memory bandwidth, TB/s")
+    nvlink_gb_per_s: float | None = Field(None, gt=0, description="NVLink, GB/s")
+    cost_per_machine_rel_h20: float | None = Field(
+        None, gt=0, description="an 8-GPU machine's cost, in 8-GPU H20 machines"
+    )
+
+
 class SimSection(_Section):
     cost_model: str = Field(
         "roofline",
@@ -54,6 +68,18 @@ class SimSection(_Section):
         True, description="advance engines event to event in closed form (False: step by step)"
     )
     instance_start_s: float = Field(60.0, ge=0, description="elastic: time to start an instance")
+    hardware: list[HardwareRow] = Field(
+        default_factory=list,
+        description="GPUs to add to hardware.csv, or figures (a price) of ones it lists",
+    )
+
+    @field_validator("hardware")
+    @classmethod
+    def _each_name_once(cls, rows: list[HardwareRow]) -> list[HardwareRow]:
+        names = [r.name for r in rows]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"{twice[0]!r} is given more than once")
+        return rows
 
     @field_validator("cost_model")
     @classmethod

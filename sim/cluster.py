@@ -16,7 +16,6 @@ from policies.spec import RunSpec
 from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
 from sim.kv_cache import blocks_for
 from sim.sequence import engine_limits
-from sim.tables import hardware_table
 from sim.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -97,9 +96,9 @@ def min_trainer_gpus(
     """The fewest GPUs of ``hardware_name`` whose memory holds ``bytes_per_param`` for each
     trained parameter (1 for a calibrated cost model, which knows no memory, and for
     hardware hardware.csv does not list)."""
-    hw = hardware_table().get(hardware_name)
-    if not isinstance(cost, RooflineCostModel) or hw is None:  # unknown: check_cluster's
-        return 1
+    if not isinstance(cost, RooflineCostModel) or hardware_name not in cost.gpu_table:
+        return 1  # unknown: check_cluster's
+    hw = cost.gpu_table[hardware_name]
     need = bytes_per_param * cost.model.num_params * cost.num_trained_models
     return max(1, math.ceil(need / hw.hbm_bytes))
 
@@ -134,7 +133,7 @@ def check_cluster(cluster: ClusterSection, cost: SimCostModel) -> None:
     roofline models read hardware.csv; a calibrated model knows only its own) and a pool
     whose tensor-parallel size leaves its model no KV cache."""
     if isinstance(cost, RooflineCostModel):
-        known = hardware_table()
+        known = cost.gpu_table  # hardware.csv and the spec's sim.hardware
         named = [(f"cluster.generation.{i}", p.hardware) for i, p in enumerate(cluster.generation)]
         for key, name in [*named, ("cluster.trainer", cluster.trainer.hardware)]:
             if name not in known:

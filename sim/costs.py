@@ -28,6 +28,7 @@ the busy GPUs in training.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -38,7 +39,7 @@ from policies.protocols import Device
 from policies.sim_section import EfficiencySection
 from policies.spec import RunSpec
 from sim.models import Model, model_for
-from sim.tables import Hardware, hardware
+from sim.tables import Hardware, hardware_of, hardware_table
 from sim.ticks import DecodeLaw, StepWork, to_seconds, to_ticks
 
 
@@ -73,8 +74,10 @@ def prefill_work(num_tokens: int) -> StepWork:
 
 class RooflineCostModel:
     def __init__(
-        self, model_spec: Model, efficiency: EfficiencySection, algorithm: str, kl: bool = False
-    ) -> None:
+        self, model_spec: Model, efficiency: EfficiencySection, algorithm: str, kl: bool = False,
+        hardware: Mapping[str, Hardware] | None = None,
+    ) -> None:  # fmt: skip
+        self.gpu_table = hardware_table() if hardware is None else hardware  # hardware_of
         self.model = model_spec
         self.eff = efficiency
         self.train_flops_per_token = 18.0 if algorithm == "ppo" else 6.0 + (2.0 if kl else 0.0)
@@ -82,6 +85,12 @@ class RooflineCostModel:
         self.num_trained_models = 2 if algorithm == "ppo" else 1
         self.weight_bytes = model_spec.weight_bytes
         self._laws: dict[tuple[str, int, int], DecodeLaw] = {}
+
+    def hw(self, name: str) -> Hardware:
+        """The figures of GPU ``name`` (hardware.csv and the spec's ``sim.hardware``)."""
+        if name not in self.gpu_table:
+            raise ValueError(f"unknown hardware {name!r}; known: {', '.join(self.gpu_table)}")
+        return self.gpu_table[name]
 
     # -- operators, seconds -----------------------------------------------------------------
 
@@ -108,7 +117,7 @@ class RooflineCostModel:
         key = (device.hardware, device.num_gpus, n)
         law = self._laws.get(key)
         if law is None:
-            law = self._laws[key] = self._make_law(hardware(device.hardware), device.num_gpus, n)
+            law = self._laws[key] = self._make_law(self.hw(device.hardware), device.num_gpus, n)
         return law
 
     def contended_decode_law(self, device: Device, n: int) -> DecodeLaw | None:
@@ -122,7 +131,7 @@ class RooflineCostModel:
 
     def mixed_step_s(self, device: Device, work: StepWork) -> float:
         """A step with prefill tokens (and decodes): one pass of the GEMMs over all rows."""
-        hw, tp = hardware(device.hardware), device.num_gpus
+        hw, tp = self.hw(device.hardware), device.num_gpus
         rows = work.num_decode + work.num_prefill_tokens
         decode = self.attention_s(hw, tp, work.decode_context_tokens, work.decode_context_tokens)
         prefill = self.attention_s(
@@ -139,7 +148,7 @@ class RooflineCostModel:
         return self.mixed_step_s(device, prefill_work(num_tokens))
 
     def train_s(self, device: Device, num_tokens: int) -> float:
-        hw = hardware(device.hardware)
+        hw = self.hw(device.hardware)
         return (
             self.train_flops_per_token
             * num_tokens
@@ -151,7 +160,7 @@ class RooflineCostModel:
         return None
 
     def optimizer_s(self, device: Device) -> float:
-        hw = hardware(device.hardware)
+        hw = self.hw(device.hardware)
         moved = 32.0 * self.model.num_params * self.num_trained_models
         return moved / (device.num_gpus * hw.hbm_bytes_per_s * self.eff.kv_memory)
 
@@ -160,14 +169,14 @@ class RooflineCostModel:
 
     def weight_load_s(self, device: Device) -> float:
         """Copy received weights into the engine's parameters (one HBM pass)."""
-        bw = hardware(device.hardware).hbm_bytes_per_s * self.eff.kv_memory
+        bw = self.hw(device.hardware).hbm_bytes_per_s * self.eff.kv_memory
         return self.weight_bytes / device.num_gpus / bw
 
     # -- capacities and colocated switch ----------------------------------------------------
 
     def kv_capacity_tokens(self, device: Device) -> int:
         self.model.check_tp(device.num_gpus)
-        hw = hardware(device.hardware)
+        hw = self.hw(device.hardware)
         free = device.num_gpus * hw.hbm_bytes * self.eff.gpu_memory_utilization
         free -= self.model.weight_bytes
         if free <= 0:
@@ -234,7 +243,7 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
     if spec.sim.cost_model.startswith("roofline"):
         return RooflineCostModel(
             model_for(spec.model), efficiency_of(spec), spec.algorithm.name,
-            spec.algorithm.kl_coef > 0,
+            spec.algorithm.kl_coef > 0, hardware_of(spec),
         )  # fmt: skip
     path = Path(spec.sim.cost_model.removeprefix("profiled:"))
     if not path.exists():
@@ -248,7 +257,7 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
         return CalibratedCostModel.load(path, ProfileTarget.of(spec, "sim.cost_model"))
     return ProfiledCostModel(
         path, model_for(spec.model), spec.sim.efficiency, spec.algorithm.name,
-        spec.algorithm.kl_coef > 0,
+        spec.algorithm.kl_coef > 0, hardware_of(spec),
     )  # fmt: skip
 
 

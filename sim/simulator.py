@@ -67,7 +67,7 @@ from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.scheduler import SequenceTooLong
 from sim.sequence import engine_limits
-from sim.tables import hardware_table
+from sim.tables import hardware_of
 from sim.ticks import DecodeLaw, to_seconds, to_ticks
 from sim.trainer import SimTrainer
 from sim.workload import Workload
@@ -391,7 +391,7 @@ class _World:
         pools = [(i.pool.hardware, i.pool.tp) for i in self.instances.values()]
         if not self.colocated:
             pools.append((self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))
-        table = hardware_table()
+        table = hardware_of(self.spec)  # hardware.csv and the spec's sim.hardware
         costs = [table[hw].cost_per_gpu_rel_h20 if hw in table else None for hw, _ in pools]
         if any(c is None for c in costs):
             return None
