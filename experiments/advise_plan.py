@@ -14,6 +14,7 @@ from experiments.advise_axes import (
     trainer_floors,
     with_extra_splits,
 )
+from experiments.advise_calibrated import fix_tp, priceable, profiled_setup
 from experiments.advise_estimate import Estimator
 from experiments.advise_space import (
     Candidate,
@@ -71,6 +72,10 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
             f"{','.join(axes.dispatches)} with predictor {','.join(axes.predictors)}): "
             "skewness-aware dispatch needs a length predictor other than none"
         )
+    setup, limits = profiled_setup(estimator.cost), []
+    if setup is not None:
+        axes, note = fix_tp(axes, setup, base.cluster.generation[0].tp)
+        limits.append(note)
     tps, left_out = feasible_tps(estimator, axes.tps)
     axes = with_extra_splits(axes, alg1_splits(estimator, axes))
     the_input = _input(base, estimator)
@@ -89,6 +94,9 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
             for hw, n in floors.items() if n > 1
         ))  # fmt: skip
     found = fitting
+    if setup is not None:
+        found, notes = priceable(found, estimator.inventory, setup, the_input)
+        left_out = (*limits, *left_out, *notes)
     outside = the_input is None or staleness_of(base) > axes.max_staleness
     if the_input is not None and not outside:
         the_input = canonical(the_input, prefer)

@@ -19,10 +19,10 @@ from policies.results import write_atomic
 from sim.calibration import (
     OperatorCalibration,
     calibrate_profile,
-    check_profile_info,
     cost_model_document,
     skipped_operators,
 )
+from sim.profile_checks import check_profile_info
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ def parity_plot(c: OperatorCalibration, path: Path) -> None:
 def load_profile_info(profile_dir: Path) -> dict:
     """``profile_dir``'s profile.json, checked (a ValueError naming the file)."""
     path = profile_dir / "profile.json"
+    if not profile_dir.is_dir():
+        raise ValueError(f"{profile_dir}: no such directory (give a `tandem profile` directory)")
     if not path.is_file():
         raise ValueError(
             f"{profile_dir}: no profile.json (give a `tandem profile` directory, or Vidur's "
@@ -61,10 +63,11 @@ def calibrate(
 ) -> dict[str, OperatorCalibration]:
     """Fit ``profile_dir`` and write the cost model, its errors and parity plots to ``out``;
     ``note`` hears of each operator skipped, and why (default: the log)."""
+    note = note or log.warning
     profile = load_profile_info(profile_dir)
     for name, why in skipped_operators(profile_dir).items():
-        (note or log.warning)(f"{name} not calibrated: {why}")
-    fits = calibrate_profile(profile_dir)
+        note(f"{name} not calibrated: {why}")
+    fits = calibrate_profile(profile_dir, note)
     out.mkdir(parents=True, exist_ok=True)
     document = cost_model_document(fits, profile)
     write_atomic(out / "cost_model.json", json.dumps(document, indent=2).encode())

@@ -47,7 +47,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console, err_console: Conso
     if args.source == "vidur":
         console.print(calibrate_from_vidur(Path(args.profile_dir), check_out_dir(args.out)))
         console.print(
-            f"efficiencies in [bold]{args.out}[/bold] (use sim.cost_model=roofline:{args.out})"
+            f"efficiencies in [bold]{args.out}[/bold] (use sim.cost_model=roofline:"
+            f"{Path(args.out).resolve()})"
         )
         return 0
     fits = calibrate(
@@ -61,7 +62,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console, err_console: Conso
     for name, c in fits.items():
         table.add_row(name, "+".join(c.fit.bases), f"{c.fit.heldout_mape:.2%}")
     console.print(table)
-    console.print(f"cost model in [bold]{args.out}[/bold] (use sim.cost_model=profiled:{args.out})")
+    out = Path(args.out).resolve()
+    console.print(f"cost model in [bold]{out}[/bold] (use sim.cost_model=profiled:{out})")
     return 0
 
 

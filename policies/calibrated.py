@@ -10,15 +10,16 @@ decode time is affine in context tokens, which keeps the simulator's fast-forwar
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from policies.profile_source import ProfiledSetup, ProfileTarget, check_profile_source
 from policies.protocols import Device
 
-if TYPE_CHECKING:
-    from policies.spec import RunSpec
+__all__ = ["CalibratedCosts", "ProfileTarget", "ProfiledSetup", "cost_model_path"]
 
 COST_MODEL_FORMAT = "tandem-cost-model"
 COST_MODEL_VERSION = 1
@@ -85,59 +86,46 @@ def cost_model_path(path: str | Path, key: str) -> Path:
     if path.is_dir():
         path = path / COST_MODEL_FILE
     if not path.exists():
-        raise ValueError(f"{key}: cost model {path} does not exist")
+        raise ValueError(f"{key}: cost model {path} does not exist{_calibrate_hint(path)}")
     return path
 
 
-@dataclass(slots=True, frozen=True)
-class ProfileTarget:
-    """What a run prices with a profile: its model and its generation hardware (rows of
-    ``cluster.generation``); ``key`` is the spec key that named the profile, for errors."""
-
-    model: str
-    hardware: tuple[str, ...]
-    key: str
-
-    @classmethod
-    def of(cls, spec: RunSpec, key: str) -> ProfileTarget:
-        hardware = tuple(dict.fromkeys(pool.hardware for pool in spec.cluster.generation))
-        return cls(spec.model.name, hardware, key)
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
 
-def check_profile_source(source: dict[str, Any], path: Path, target: ProfileTarget) -> None:
-    """Refuse a profile measured on another model or hardware than ``target``'s: its
-    numbers would price the run as the profiled machine (a 2-core CPU pricing a 7B model
-    on H800). A document without a recorded source (hand-written) is taken as it is."""
-    model = (source.get("model") or {}).get("name")
-    if model is not None and model != target.model:
-        raise ValueError(
-            f"{target.key}: {path} was profiled on model {model!r}, the spec runs "
-            f"{target.model!r}; calibrate on this model or use a roofline cost model"
+def _calibrate_hint(path: Path) -> str:
+    """What to run when ``path`` (a missing cost_model.json) sits in a profile directory."""
+    folder = path.parent
+    if path.name == COST_MODEL_FILE and (folder / "profile.json").is_file():
+        out = folder.resolve() / "cost-model"
+        return (
+            f" ({folder} is an uncalibrated profile: run tandem calibrate {folder} --out "
+            f"{out} first, then use profiled:{out})"
         )
-    kind = (source.get("hardware") or {}).get("kind")
-    other = [h for h in target.hardware if kind is not None and h.lower() != str(kind).lower()]
-    if other:
-        raise ValueError(
-            f"{target.key}: {path} was profiled on hardware {kind!r}, the spec generates on "
-            f"{', '.join(map(repr, other))}; calibrate on that hardware or use a roofline model"
-        )
+    return ""
 
 
 @dataclass(slots=True)
 class CalibratedCosts:
     """The calibrated operators as a ``policies.protocols.CostModel`` (and more), in seconds.
 
-    The device is ignored: a profile measures one machine."""
+    Generation is priced as measured: one instance of the profiled hardware at the profiled
+    tensor-parallel size (``policies.profile_source`` refuses any other). Training scales
+    from the profiled trainer's GPUs to the device's by data parallelism (below); a
+    cross-datacenter link is priced by its bandwidth by the simulator, not here."""
 
     fits: dict[str, OperatorFit]
     weight_bytes: float
     kv_capacity: int
     source: dict[str, Any]
+    path: Path | None = None  # the cost_model.json, for errors
+    setup: ProfiledSetup = field(default_factory=lambda: ProfiledSetup.of({}))
 
     @classmethod
     def load(cls, path: Path, target: ProfileTarget | None = None) -> CalibratedCosts:
         """The cost model at ``path``; with a ``target``, refuse one profiled on another
-        model or hardware (``check_profile_source``)."""
+        model, hardware, tensor-parallel size or trainer (``check_profile_source``)."""
         data = json.loads(Path(path).read_text())
         if data.get("format") != COST_MODEL_FORMAT:
             raise ValueError(f"{path}: not a tandem cost model (format {data.get('format')!r})")
@@ -146,14 +134,28 @@ class CalibratedCosts:
             raise ValueError(f"{path}: missing operator(s) {', '.join(missing)}")
         present = OPERATORS + tuple(op for op in OPTIONAL_OPERATORS if op in data["operators"])
         fits = {op: OperatorFit.from_dict(data["operators"][op]) for op in present}
+        source = data.get("source") or {}
         if target is not None:
-            check_profile_source(data.get("source", {}), Path(path), target)
+            check_profile_source(source, Path(path), target)
+        for key in ("weight_bytes", "kv_capacity_tokens"):
+            if not _positive(data.get(key)):
+                raise ValueError(f"{path}: {key} is {data.get(key)!r}, not a positive number")
         return cls(
             fits,
             float(data["weight_bytes"]),
             int(data["kv_capacity_tokens"]),
-            data.get("source", {}),
+            source,
+            Path(path),
+            ProfiledSetup.of(source),
         )
+
+    def training_share(self, device: Device) -> float:
+        """The profiled trainer's GPUs over ``device``'s: the tokens (and optimizer state)
+        one of ``device``'s GPUs holds per token one profiled GPU held, under perfectly
+        balanced data parallelism with a fully sharded optimizer (as the roofline model
+        assumes). 1 where the profile does not record its trainer (a warning said so)."""
+        profiled = self.setup.trainer_num_gpus
+        return 1.0 if profiled is None else profiled / max(1, device.num_gpus)
 
     # -- decode ---------------------------------------------------------------------------
 
@@ -192,7 +194,10 @@ class CalibratedCosts:
         return decode + prefill - self.prefill_s(device, 0)
 
     def train_s(self, device: Device, num_tokens: int) -> float:
-        return self.fits["forward"](tokens=num_tokens) + self.fits["backward"](tokens=num_tokens)
+        """Forward and backward of ``num_tokens`` on ``device``: the profiled trainer's time
+        for the tokens one of its GPUs would hold (``training_share``); fixed terms stay."""
+        tokens = num_tokens * self.training_share(device)
+        return self.fits["forward"](tokens=tokens) + self.fits["backward"](tokens=tokens)
 
     def contended_train_s(self, device: Device, num_tokens: int) -> float | None:
         """Forward and backward while generation decodes on the same host: ``train_s``
@@ -200,10 +205,12 @@ class CalibratedCosts:
         fit = self.fits.get("train_slowdown")
         if fit is None:
             return None
-        return self.train_s(device, num_tokens) * max(1.0, fit(tokens=num_tokens))
+        tokens = num_tokens * self.training_share(device)
+        return self.train_s(device, num_tokens) * max(1.0, fit(tokens=tokens))
 
     def optimizer_s(self, device: Device) -> float:
-        return self.fits["optimizer"]()
+        """The profiled optimizer step, its sharded state spread over ``device``'s GPUs."""
+        return self.fits["optimizer"]() * self.training_share(device)
 
     # -- weights ----------------------------------------------------------------------------
     # The profile times a whole push from the trainer's side (``weight_transfer``: pack,
@@ -213,6 +220,8 @@ class CalibratedCosts:
     # pause; in flight a server pauses for both, as the live push does.
 
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
+        """The measured push within the profiled datacenter (``gbps`` is not used: the
+        simulator prices a cross-datacenter leg by the link's bandwidth on top)."""
         push = self.fits["weight_transfer"](bytes=num_bytes)
         return max(0.0, push - self.fits["weight_pause"](bytes=num_bytes))
 

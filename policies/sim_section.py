@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import Field, field_validator
 
 from policies.cluster import Section as _Section
@@ -86,4 +88,6 @@ class SimSection(_Section):
     def _known_cost_model(cls, value: str) -> str:
         if value != "roofline" and not value.startswith(("profiled:", "roofline:")):
             raise ValueError("must be 'roofline', 'roofline:DIR' or 'profiled:PATH'")
-        return value
+        kind, _, path = value.partition(":")
+        # absolute, so that the saved spec.yaml runs from any directory
+        return f"{kind}:{os.path.abspath(path)}" if path else value

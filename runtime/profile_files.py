@@ -41,10 +41,12 @@ def describe(
     import torch
 
     weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-    pool, live = spec.cluster.generation[0], spec.live
+    pool, live, trainer = spec.cluster.generation[0], spec.live, spec.cluster.trainer
     return {
-        "hardware": {"kind": pool.hardware, "cpu": _cpu_name(), "num_cores": os.cpu_count(),
-                     "generation_cores": gen_cores, "trainer_cores": train_cores},
+        "hardware": {"kind": pool.hardware, "tp": pool.tp, "cpu": _cpu_name(),
+                     "num_cores": os.cpu_count(), "generation_cores": gen_cores,
+                     "trainer_cores": train_cores},
+        "trainer": {"hardware": trainer.hardware, "num_gpus": trainer.num_gpus},
         "model": {"name": spec.model.name, "path": model_dir},
         "weight_bytes": weight_bytes,
         "checkpoint_bytes": weights,

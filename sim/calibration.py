@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,12 @@ from policies.protocols import Device
 from policies.sim_section import EfficiencySection
 from sim.costs import RooflineCostModel
 from sim.models import model
+from sim.profile_checks import (
+    check_decode_batches,
+    check_measurements,
+    check_weight_sync,
+    decode_warnings,
+)
 from sim.tables import data_path
 
 
@@ -241,14 +248,14 @@ def calibrate_operator(
     if missing:
         raise ValueError(f"{source}: missing column(s) {', '.join(missing)} (operator {name})")
     frame = _numeric_columns(frame, sorted({target} | set(inputs.values())), source)
-    # a differential timing (e.g. a decode step from two burst lengths) swamped by noise
-    # can come out <= 0: not a duration, and it would break the relative error
-    frame = frame[frame[target] > 0]
+    check_measurements(frame, target, sorted(set(inputs.values())), source)
     if len(frame) < 2:
         raise ValueError(
             f"{source}: operator {name} needs at least 2 positive measurements of {target}, "
             f"got {len(frame)}"
         )
+    if name == "decode":
+        check_decode_batches(frame, source)
     y = frame[target].to_numpy(float)
     scores, preds = {}, {}
     for bases in candidates:
@@ -287,9 +294,11 @@ def skipped_operators(profile_dir: Path) -> dict[str, str]:
     return skipped
 
 
-def calibrate_profile(profile_dir: Path) -> dict[str, OperatorCalibration]:
+def calibrate_profile(
+    profile_dir: Path, note: Callable[[str], None] | None = None
+) -> dict[str, OperatorCalibration]:
     """Fit every operator of a ``tandem profile`` directory (optional ones if profiled in
-    the current format: :func:`skipped_operators`)."""
+    the current format: :func:`skipped_operators`); ``note`` hears of implausible tables."""
     skipped = skipped_operators(profile_dir)
     out = {}
     for name, (filename, *_rest) in OPERATOR_TABLES.items():
@@ -299,23 +308,17 @@ def calibrate_profile(profile_dir: Path) -> dict[str, OperatorCalibration]:
         if not path.exists():
             raise ValueError(f"profile {profile_dir}: {filename} is missing")
         out[name] = calibrate_operator(name, read_table(path), str(path))
+    _check_tables(profile_dir, note or (lambda text: None))
     return out
 
 
-PROFILE_KEYS = ("weight_bytes", "kv_capacity_tokens")  # profile.json numbers the model keeps
-
-
-def check_profile_info(profile: object, path: Path) -> None:
-    """A ValueError naming ``path`` unless ``profile`` (profile.json) has every key of
-    :data:`PROFILE_KEYS` as a number."""
-    if not isinstance(profile, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    for key in PROFILE_KEYS:
-        if key not in profile:
-            raise ValueError(f"{path}: no {key} (not a complete `tandem profile`)")
-        value = profile[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{path}: {key} is {value!r}, not a number")
+def _check_tables(profile_dir: Path, note: Callable[[str], None]) -> None:
+    """What holds across a table's rows (its rows passed :func:`calibrate_operator`)."""
+    decode = profile_dir / "decode.csv"
+    for text in decode_warnings(read_table(decode), str(decode)):
+        note(text)
+    weight_sync = profile_dir / "weight_sync.csv"
+    check_weight_sync(read_table(weight_sync), str(weight_sync))
 
 
 def cost_model_document(fits: dict[str, OperatorCalibration], profile: dict) -> dict:

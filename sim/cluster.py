@@ -8,6 +8,7 @@ import math
 
 from policies.allocation import AllocationPolicy, StageModel
 from policies.build import build_allocation, mode_of
+from policies.calibrated import CalibratedCosts
 from policies.cluster import ClusterSection, GenerationPool
 from policies.modes import ModeTraits
 from policies.protocols import Device
@@ -168,7 +169,21 @@ def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload, colocate
     pools = spec.cluster.generation[:1] if colocated else spec.cluster.generation
     for pool in pools:
         if (problem := kv_shortfall(pool, cost, longest)) is not None:
-            raise ValueError(f"{kv_cache_key(spec.cluster, pool)}: {problem}")
+            raise ValueError(_kv_problem(spec.cluster, pool, cost, problem))
+
+
+def _kv_problem(
+    cluster: ClusterSection, pool: GenerationPool, cost: SimCostModel, problem: str
+) -> str:
+    """``problem`` under the key that sizes the KV cache: a calibrated model's is its
+    measured ``kv_capacity_tokens`` (its tp is the profiled one), not the spec's tp."""
+    if isinstance(cost, CalibratedCosts) and not pool.num_gpu_blocks_override:
+        return (
+            f"sim.cost_model: {problem}: the cost model {cost.path} gives each instance "
+            f"kv_capacity_tokens {cost.kv_capacity} (from the profile's profile.json); check "
+            "that value, or shorten workload.max_output_tokens"
+        )
+    return f"{kv_cache_key(cluster, pool)}: {problem}"
 
 
 def kv_shortfall(pool: GenerationPool, cost: SimCostModel, longest: int) -> str | None:

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import pandas as pd
 
 from policies.protocols import Device
 from policies.sim_section import EfficiencySection
 from policies.spec import RunSpec
+from sim.decode_table import read_decode_table
 from sim.models import Model, model_for
 from sim.tables import Hardware, hardware_of, hardware_table
 from sim.ticks import DecodeLaw, StepWork, to_seconds, to_ticks
@@ -64,6 +64,11 @@ class SimCostModel(Protocol):
     def weight_load_s(self, device: Device) -> float: ...
     def kv_capacity_tokens(self, device: Device) -> int: ...
     def context_switch_s(self, num_gpus: int, tp: int, pcie_gb_per_s: float) -> float: ...
+
+
+def link_transfer_s(num_bytes: float, gbps: float, latency_s: float) -> float:
+    """``num_bytes`` over a link of ``gbps`` (gigabits per second) plus its latency."""
+    return num_bytes * 8 / (gbps * 1e9) + latency_s
 
 
 def prefill_work(num_tokens: int) -> StepWork:
@@ -165,7 +170,7 @@ class RooflineCostModel:
         return moved / (device.num_gpus * hw.hbm_bytes_per_s * self.eff.kv_memory)
 
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
-        return num_bytes * 8 / (gbps * 1e9) + latency_s
+        return link_transfer_s(num_bytes, gbps, latency_s)
 
     def weight_load_s(self, device: Device) -> float:
         """Copy received weights into the engine's parameters (one HBM pass)."""
@@ -202,11 +207,7 @@ class ProfiledCostModel(RooflineCostModel):
 
     def __init__(self, table: Path, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        frame = pd.read_csv(table)
-        missing = {"batch_size", "decode_step_ms"} - set(frame.columns)
-        if missing:
-            raise ValueError(f"{table}: missing column(s) {', '.join(sorted(missing))}")
-        frame = frame.sort_values("batch_size")
+        frame = read_decode_table(table)
         self._bs = frame["batch_size"].to_numpy(float)
         self._ms = frame["decode_step_ms"].to_numpy(float)
 
@@ -248,12 +249,11 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
     path = Path(spec.sim.cost_model.removeprefix("profiled:"))
     if not path.exists():
         raise ValueError(f"sim.cost_model: profile {path} does not exist")
-    if path.is_dir():
-        path = path / "cost_model.json"
-    if path.suffix == ".json":
-        from policies.calibrated import ProfileTarget
+    if path.is_dir() or path.suffix == ".json":
+        from policies.calibrated import ProfileTarget, cost_model_path
         from sim.calibrated import CalibratedCostModel
 
+        path = cost_model_path(path, "sim.cost_model")
         return CalibratedCostModel.load(path, ProfileTarget.of(spec, "sim.cost_model"))
     return ProfiledCostModel(
         path, model_for(spec.model), spec.sim.efficiency, spec.algorithm.name,
@@ -264,8 +264,18 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
 def describe_cost_model(spec: RunSpec) -> str:
     """One line for a run's summary: calibrated from measurements, or roofline only."""
     kind = spec.sim.cost_model
+    path = kind.removeprefix("profiled:")
+    if kind.startswith("profiled:") and Path(path).suffix == ".csv":
+        return (
+            f"decode steps interpolated from the measured table {path} (not checked against "
+            "the spec's model or hardware: the table names neither); prefill, training and "
+            "weight sync roofline-only from hardware.csv and the model's shape"
+        )
     if kind.startswith("profiled:"):
-        return f"calibrated on a measured profile ({kind.removeprefix('profiled:')})"
+        return (
+            f"calibrated on a measured profile ({path}): generation as profiled, training "
+            "scaled to the trainer's GPUs, cross-datacenter links by bandwidth"
+        )
     source = (
         f"GEMM efficiencies calibrated from {kind.removeprefix('roofline:')}"
         if kind.startswith("roofline:")

@@ -63,7 +63,7 @@ from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from sim import scaling
 from sim.cluster import kv_cache_key, resolve_cluster
-from sim.costs import build_cost_model
+from sim.costs import build_cost_model, link_transfer_s
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.scheduler import SequenceTooLong
 from sim.sequence import engine_limits
@@ -319,11 +319,12 @@ class _World:
                 )
 
     def _transfer_s(self, num_bytes: float, source: str, target: str) -> float:
+        """The cost model's local push, plus any cross-datacenter link by its bandwidth."""
         net = self.spec.cluster.network
         local = self.cost.weight_transfer_s(num_bytes, net.intra_dc_gbps, net.latency_s)
         if source == target:
             return local
-        return local + self.cost.weight_transfer_s(num_bytes, net.inter_dc_gbps, net.latency_s)
+        return local + link_transfer_s(num_bytes, net.inter_dc_gbps, net.latency_s)
 
     def _switch_context(self, command: SwitchContext) -> None:
         self.env.process(self._switch_proc(command))

@@ -86,9 +86,17 @@ def _write_profile(path) -> dict:
     pd.DataFrame({"num_bytes": [1e6] * 4, "transfer_s": [0.2] * 4, "pause_s": [0.12] * 4}).to_csv(
         path / "weight_sync.csv", index=False
     )
-    profile = {"weight_bytes": 1e6, "kv_capacity_tokens": 100000}
+    profile = {"weight_bytes": 1e6, "kv_capacity_tokens": 100000, **PROFILED_SETUP}
     (path / "profile.json").write_text(json.dumps(profile))
     return profile
+
+
+# what a profile.json must say it measured
+PROFILED_SETUP = {
+    "model": {"name": "tiny"},
+    "hardware": {"kind": "cpu", "tp": 1},
+    "trainer": {"hardware": "cpu", "num_gpus": 1},
+}
 
 
 def test_calibrated_cost_model_round_trips_and_predicts_the_profile(tmp_path):

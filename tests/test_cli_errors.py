@@ -16,7 +16,7 @@ def test_a_failed_command_removes_the_out_directories_it_made(tmp_path: Path, ca
     out = tmp_path / "new" / "cal"
     code = main(["calibrate", str(tmp_path / "no-profile"), "--out", str(out)])
     assert code == 2
-    assert "no profile.json" in " ".join(capsys.readouterr().out.split())
+    assert "no-profile: no such directory" in " ".join(capsys.readouterr().out.split())
     assert not (tmp_path / "new").exists()  # out and the parent made for it are gone
 
 
