@@ -253,6 +253,13 @@ def _caveats(advice: Advice) -> list[str]:
         "steer the search, the tables hold full runs.",
         "- Ruling out relies on the largest errors of the estimates seen so far, not on a proof.",
     ]
+    if (tp := advice.best.structure.tp) > 1:
+        out.append(
+            f"- The advice runs tp {tp}. The simulator does not price tensor-parallel "
+            "communication (docs/sim-engine.md: an all-reduce per layer over NVLink), so a tp "
+            "this large may be slower in practice than it shows here, the more so for a small "
+            "model; compare with `--axis tp=1,2` or measure it (`tandem calibrate`)."
+        )
     if advice.best.policies.predictor in ("oracle", "noisy-oracle"):
         out.append(
             f"- The advice uses the `{advice.best.policies.predictor}` length predictor, which only "

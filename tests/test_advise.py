@@ -180,3 +180,18 @@ def test_advise_refuses_what_it_cannot_do_before_searching(tmp_path, capsys, mon
     monkeypatch.setattr(experiments.advise, "advise", searched)
     assert main(["advise", "streamrl-7b", "--live-check", "2", "--out", out]) == 2
     assert "set sim.cost_model=profiled:DIR" in " ".join(capsys.readouterr().out.split())
+
+
+def test_advice_at_tp_above_1_says_tp_communication_is_not_priced(advice):
+    """Seen: advise picked tp 8 (and tp 16 across two nodes) for an 8B model without a word
+    that the simulator prices no tensor-parallel all-reduce."""
+    from dataclasses import replace
+
+    from experiments.advise_report import advice_markdown, evaluations_frame, full_runs
+
+    def text(tp: int) -> str:
+        best = replace(advice.best, structure=replace(advice.best.structure, tp=tp))
+        return advice_markdown(replace(advice, best=best), full_runs(evaluations_frame(advice)))
+
+    assert "does not price tensor-parallel communication" in text(8)
+    assert "tensor-parallel communication" not in text(1)
