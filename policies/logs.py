@@ -77,3 +77,27 @@ def run_log(out_dir: str | Path, level: int = logging.INFO) -> Iterator[Path]:
             root.removeHandler(h)
         root.setLevel(old_level)
         handler.close()
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def held_warnings() -> Iterator[list[str]]:
+    """While the block runs, what is logged through the root logger reaches none of its
+    handlers; the warnings' messages are collected into the list yielded. For a check that
+    the real work repeats (``sim.cluster.check_sim_run`` before ``tandem run``): the work
+    logs them, once."""
+    root = logging.getLogger()
+    held, saved = _Held(), root.handlers[:]
+    root.handlers = [held]
+    try:
+        yield held.messages
+    finally:
+        root.handlers = saved

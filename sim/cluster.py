@@ -10,6 +10,7 @@ from policies.allocation import AllocationPolicy, StageModel
 from policies.build import build_allocation, mode_of
 from policies.calibrated import CalibratedCosts
 from policies.cluster import ClusterSection, GenerationPool
+from policies.logs import held_warnings
 from policies.modes import ModeTraits
 from policies.protocols import Device
 from policies.rng import RngStreams
@@ -152,13 +153,14 @@ def check_sim_run(spec: RunSpec) -> list[str]:
     """Refuse, before anything is written, what a simulated run of ``spec`` would refuse at
     its start: everything :func:`resolve_cluster` checks (hardware, tp, KV caches, the
     trainer's memory, a colocated mode's GPUs, the allocation policy's pools). Returns what
-    the run will warn about (a trainer that fits only with its optimizer offloaded), without
-    logging it: the run itself logs it."""
-    workload = Workload(spec, RngStreams(spec.run.seed))
+    the run will warn about (a trainer that fits only with its optimizer offloaded, a cost
+    model that does not record its setup), without logging it: the run itself logs it."""
     warnings: list[str] = []
-    cost = build_cost_model(spec)
-    resolve_cluster(spec, mode_of(spec), cost, workload, build_allocation(spec), warnings)
-    return warnings
+    with held_warnings() as held:
+        workload = Workload(spec, RngStreams(spec.run.seed))
+        cost = build_cost_model(spec)
+        resolve_cluster(spec, mode_of(spec), cost, workload, build_allocation(spec), warnings)
+    return [*warnings, *held]
 
 
 def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload, colocated: bool) -> None:

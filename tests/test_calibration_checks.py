@@ -117,6 +117,15 @@ def test_a_cost_model_without_its_setup_loads_with_a_warning(tmp_path, caplog):
     assert cost.train_s(Device("H800", 8), 1000) == cost.train_s(Device("H800", 2), 1000)
 
 
+def test_the_check_before_a_run_returns_that_warning_and_logs_nothing(tmp_path, caplog):
+    """Seen: ``tandem run`` printed the warning twice, from its check and from the run."""
+    cm = _cost_model(tmp_path, source=None)
+    with caplog.at_level(logging.WARNING):
+        warnings = check_sim_run(_spec(cm))
+    assert any("trainer.num_gpus" in w for w in warnings)
+    assert "trainer.num_gpus" not in caplog.text
+
+
 def test_advise_on_a_calibrated_model_fixes_tp_at_the_profiled_one(tmp_path):
     from experiments.advise_plan import SpaceOptions, plan_space
 
