@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from policies.dispatch import DISPATCH
 from policies.modes import MODES, WaveController
 from policies.predictors import PREDICTORS
@@ -229,3 +232,27 @@ policies: {allocation: fixed}
 # SIGTERM handler had unwound it and printed "terminated" then died by SIGINT instead of
 # exiting 143 in about 1 run of 25 here (CPython's -m path; not in 175 runs this way).
 TANDEM = [sys.executable, "-c", "import sys; from experiments.cli import main; sys.exit(main())"]
+
+
+def write_profile(path: Path, setup: dict[str, Any], **info: Any) -> dict[str, Any]:
+    """A consistent ``tandem profile`` directory at ``path`` (tables and profile.json, the
+    setup it measured ``setup``); ``info`` replaces profile.json keys (None removes one)."""
+    tokens = np.array([20, 60, 120, 250, 400, 800])
+    pd.DataFrame(
+        {"batch_size": [1, 4, 10, 20, 40, 64], "context_tokens": [20, 90, 300, 700, 1400, 2500],
+         "step_s": [0.008, 0.009, 0.011, 0.013, 0.018, 0.024]}
+    ).to_csv(path / "decode.csv", index=False)  # fmt: skip
+    pd.DataFrame({"num_tokens": tokens, "prefill_s": 0.02 + 1e-4 * tokens}).to_csv(
+        path / "prefill.csv", index=False
+    )
+    pd.DataFrame(
+        {"num_tokens": tokens, "forward_s": 0.01 + 5e-5 * tokens,
+         "backward_s": 0.015 + 8e-5 * tokens, "optimizer_s": [0.012] * 6}
+    ).to_csv(path / "train.csv", index=False)  # fmt: skip
+    pd.DataFrame({"num_bytes": [1e6] * 4, "transfer_s": [0.2] * 4, "pause_s": [0.12] * 4}).to_csv(
+        path / "weight_sync.csv", index=False
+    )
+    profile = {"weight_bytes": 1e6, "kv_capacity_tokens": 100000, **setup, **info}
+    profile = {k: v for k, v in profile.items() if v is not None}
+    (path / "profile.json").write_text(json.dumps(profile))
+    return profile

@@ -7,10 +7,9 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
-from helpers import small_spec, write_cost_model
+from helpers import small_spec, write_cost_model, write_profile
 
 from policies.protocols import Device
 from sim.calibrated import CalibratedCostModel
@@ -184,24 +183,7 @@ def _profile(path: Path, **info: object) -> Path:
     """A consistent profile (tests/test_calibration.py's numbers) with profile.json keys
     replaced by ``info`` (None removes one)."""
     path.mkdir(parents=True, exist_ok=True)
-    tokens = np.array([20, 60, 120, 250, 400, 800])
-    pd.DataFrame(
-        {"batch_size": [1, 4, 10, 20, 40, 64], "context_tokens": [20, 90, 300, 700, 1400, 2500],
-         "step_s": [0.008, 0.009, 0.011, 0.013, 0.018, 0.024]}
-    ).to_csv(path / "decode.csv", index=False)  # fmt: skip
-    pd.DataFrame({"num_tokens": tokens, "prefill_s": 0.02 + 1e-4 * tokens}).to_csv(
-        path / "prefill.csv", index=False
-    )
-    pd.DataFrame(
-        {"num_tokens": tokens, "forward_s": 0.01 + 5e-5 * tokens,
-         "backward_s": 0.015 + 8e-5 * tokens, "optimizer_s": [0.012] * 6}
-    ).to_csv(path / "train.csv", index=False)  # fmt: skip
-    pd.DataFrame({"num_bytes": [1e6] * 4, "transfer_s": [0.2] * 4, "pause_s": [0.12] * 4}).to_csv(
-        path / "weight_sync.csv", index=False
-    )
-    profile = {"weight_bytes": 1e6, "kv_capacity_tokens": 100000, **SETUP, **info}
-    profile = {k: v for k, v in profile.items() if v is not None}
-    (path / "profile.json").write_text(json.dumps(profile))
+    write_profile(path, SETUP, **info)
     return path
 
 

@@ -8,6 +8,7 @@ import contextlib
 import multiprocessing as mp
 import threading
 import time
+from typing import Any
 
 from helpers import completion, request
 
@@ -99,9 +100,8 @@ class SlowTrainWorker:
         return self.answered
 
 
-def test_push_answers_are_read_while_a_train_call_runs():
-    """The servers' answers to a push must not wait for the micro-batch being trained: the
-    next batch's dispatch waits for them (docs/live-throughput.md, eleventh session)."""
+def _served_slow_trainer() -> tuple[SlowTrainWorker, TrainerProcess, Any, threading.Thread]:
+    """A :class:`SlowTrainWorker` served on a thread, and the client wired to its pipes."""
     worker = SlowTrainWorker()
     conn, child = mp.Pipe()
     answers, answers_child = mp.Pipe()
@@ -109,6 +109,13 @@ def test_push_answers_are_read_while_a_train_call_runs():
     server.start()
     proc = TrainerProcess(config=None)  # type: ignore[arg-type] - the pipes are set by hand
     proc._conn, proc._answers_conn = conn, answers
+    return worker, proc, conn, server
+
+
+def test_push_answers_are_read_while_a_train_call_runs():
+    """The servers' answers to a push must not wait for the micro-batch being trained: the
+    next batch's dispatch waits for them (docs/live-throughput.md, eleventh session)."""
+    worker, proc, conn, server = _served_slow_trainer()
 
     async def script() -> None:
         training = asyncio.create_task(proc.train([], 0.0))
@@ -142,13 +149,7 @@ def test_the_run_ends_without_waiting_for_a_trainer_call_it_gave_up_on():
     """A stop out of live.stop_grace_s gives up on the trainer's job in progress; before, its
     pipe call ran in asyncio's default pool, which the event loop's end waits for: the run
     could not end before the trainer answered (the teardown then kills the trainer)."""
-    worker = SlowTrainWorker()
-    conn, child = mp.Pipe()
-    answers, answers_child = mp.Pipe()
-    server = threading.Thread(target=serve, args=(child, answers_child, worker), daemon=True)
-    server.start()
-    proc = TrainerProcess(config=None)  # type: ignore[arg-type] - the pipes are set by hand
-    proc._conn, proc._answers_conn = conn, answers
+    worker, proc, conn, server = _served_slow_trainer()
 
     async def script() -> None:
         with contextlib.suppress(TimeoutError):
