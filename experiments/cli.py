@@ -108,6 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sim.cluster import check_sim_run
 
         check_sim_run(spec)
+    from experiments.ranker_source import check_ranker_path
+
+    check_ranker_path(spec, args.live)  # a bad model file: no run directory either
     out = _out_dir(args, spec)
     tracker = tracker_for(spec, out)  # a missing tracking package stops the run here
     label = f"{spec.run.name} · {spec.pipeline.mode}"
@@ -137,18 +140,23 @@ def _execute(
     ray_address: str | None = None,
 ) -> RunResult:  # fmt: skip
     from experiments.predictors import ranker_for
+    from experiments.ranker_quality import record_ranker_quality
 
+    predictor = ranker_for(spec, live=live)
     if live:
         from runtime.launcher import run_live
 
-        predictor = ranker_for(spec, live=True)
-        return run_live(
+        result = run_live(
             spec, out, predictor, force_new_spec=force_new_spec, on_step=on_step,
             ray_address=ray_address,
         )  # fmt: skip
-    from sim.simulator import Simulation
+    else:
+        from sim.simulator import Simulation
 
-    return Simulation(spec, ranker=ranker_for(spec)).run(on_step=on_step)
+        result = Simulation(spec, ranker=predictor).run(on_step=on_step)
+    if predictor is not None:  # how it was obtained and how well it ranked this run
+        record_ranker_quality(result, predictor.source, out if live else None)
+    return result
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -209,10 +217,10 @@ def cmd_ranker(args: argparse.Namespace) -> int:
     trace = Path(args.trace)
     if args.action == "fit":
         out = check_out_file(Path(args.out), [trace])
-        console.print(predictors.fit_command(trace, out, args.model, args.before))
+        console.print(predictors.fit_command(trace, out, args.model, args.before, not args.no_text))
         return 0
     model = Path(args.model_file)
-    json_path = Path(args.json or model.with_suffix(".eval.json"))
+    json_path = Path(args.json) if args.json else predictors.eval_json_path(model)
     json_path = check_out_file(json_path, [model, trace], flag="--json")
     report = predictors.eval_command(model, trace, json_path)
     console.print(predictors.eval_table(report))
@@ -320,11 +328,21 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
         "--model", choices=["hgb", "ridge"], default="hgb", help="regressor (default hgb)"
     )
     fit.add_argument("--before", type=int, default=None, help="fit on iterations < this only")
+    fit.add_argument(
+        "--no-text",
+        action="store_true",
+        help="leave the prompt-text features out: a model for simulated runs "
+        "(policies.ranker_path), whose prompts have no text",
+    )
     fit.set_defaults(func=cmd_ranker)
     evaluate = ranker_sub.add_parser("eval", help="recall, rank correlation, timings")
     evaluate.add_argument("model_file", metavar="MODEL", help="a model file of ranker fit")
     evaluate.add_argument("trace", metavar="TRACE", help="trace to score it on")
-    evaluate.add_argument("--json", help="metrics JSON to write (default: MODEL.eval.json)")
+    evaluate.add_argument(
+        "--json",
+        help="metrics JSON to write (default: MODEL.eval.json, the model file's "
+        "whole name followed by .eval.json)",
+    )
     evaluate.set_defaults(func=cmd_ranker)
 
 
