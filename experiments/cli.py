@@ -13,7 +13,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.table import Table
 
 from experiments.advise_cmd import ADVICE_FILES, add_advise_parser
 from experiments.arg_types import positive_int, ray_address
@@ -31,11 +30,11 @@ from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
 from experiments.stop_signal import SigtermUnwinds
-from experiments.summary_format import cost_note, format_metric
+from experiments.summary_format import print_summary
 from experiments.sweep_cmd import add_sweep_parser
 from policies.inert_keys import log_inert_keys
 from policies.logs import run_log
-from policies.results import SUMMARY_METRICS, RunResult, write_atomic
+from policies.results import RunResult, write_atomic
 from policies.spec import RunSpec, SpecError, load_spec
 from runtime.ray_session import require_ray
 
@@ -83,23 +82,6 @@ def _out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
     return check_out_dir(fresh_dir(Path("runs") / name))
 
 
-def print_summary(result: RunResult, out: Path) -> None:
-    table = Table(title=f"{result.spec.run.name} · {result.spec.pipeline.mode}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key in SUMMARY_METRICS:
-        value = result.metrics.get(key)
-        table.add_row(key, format_metric(value))
-    console.print(table)
-    if note := cost_note(result.spec, result.metrics):
-        console.print(note)
-    if "sim_wall_s" in result.metrics:
-        from sim.costs import describe_cost_model
-
-        console.print(f"cost model: {describe_cost_model(result.spec)}")
-    console.print(f"results in [bold]{out}[/bold]")
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from experiments.plots import timeline
     from experiments.tracking import tracker_for
@@ -115,6 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sim.cluster import check_sim_run
 
         check_sim_run(spec)
+    from experiments.ranker_source import check_ranker_path
+
+    check_ranker_path(spec, args.live)  # a bad model file: no run directory either
     replace = args.out is not None and replaces_a_run(args, spec)
     out = _out_dir(args, spec)
     if replace:  # --overwrite: nothing of the earlier run stays beside this one
@@ -140,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.live:  # run_live saved its result (a resumed run keeps its spec.yaml)
             result.save(out)
         timeline(result, out / "timeline.png")
-    print_summary(result, out)
+    print_summary(result, out, console)
     return 0
 
 
@@ -149,18 +134,23 @@ def _execute(
     ray_address: str | None = None,
 ) -> RunResult:  # fmt: skip
     from experiments.predictors import ranker_for
+    from experiments.ranker_quality import record_ranker_quality
 
+    predictor = ranker_for(spec, live=live)
     if live:
         from runtime.launcher import run_live
 
-        predictor = ranker_for(spec, live=True)
-        return run_live(
+        result = run_live(
             spec, out, predictor, force_new_spec=force_new_spec, on_step=on_step,
             ray_address=ray_address,
         )  # fmt: skip
-    from sim.simulator import Simulation
+    else:
+        from sim.simulator import Simulation
 
-    return Simulation(spec, ranker=ranker_for(spec)).run(on_step=on_step)
+        result = Simulation(spec, ranker=predictor).run(on_step=on_step)
+    if predictor is not None:  # how it was obtained and how well it ranked this run
+        record_ranker_quality(result, predictor.source, out if live else None)
+    return result
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -225,10 +215,10 @@ def cmd_ranker(args: argparse.Namespace) -> int:
     trace = Path(args.trace)
     if args.action == "fit":
         out = check_out_file(Path(args.out), [trace])
-        console.print(predictors.fit_command(trace, out, args.model, args.before))
+        console.print(predictors.fit_command(trace, out, args.model, args.before, not args.no_text))
         return 0
     model = Path(args.model_file)
-    json_path = Path(args.json or model.with_suffix(".eval.json"))
+    json_path = Path(args.json) if args.json else predictors.eval_json_path(model)
     json_path = check_out_file(json_path, [model, trace], flag="--json")
     report = predictors.eval_command(model, trace, json_path)
     console.print(predictors.eval_table(report))
@@ -339,11 +329,21 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
         "--model", choices=["hgb", "ridge"], default="hgb", help="regressor (default hgb)"
     )
     fit.add_argument("--before", type=int, default=None, help="fit on iterations < this only")
+    fit.add_argument(
+        "--no-text",
+        action="store_true",
+        help="leave the prompt-text features out: a model for simulated runs "
+        "(policies.ranker_path), whose prompts have no text",
+    )
     fit.set_defaults(func=cmd_ranker)
     evaluate = ranker_sub.add_parser("eval", help="recall, rank correlation, timings")
     evaluate.add_argument("model_file", metavar="MODEL", help="a model file of ranker fit")
     evaluate.add_argument("trace", metavar="TRACE", help="trace to score it on")
-    evaluate.add_argument("--json", help="metrics JSON to write (default: MODEL.eval.json)")
+    evaluate.add_argument(
+        "--json",
+        help="metrics JSON to write (default: MODEL.eval.json, the model file's "
+        "whole name followed by .eval.json)",
+    )
     evaluate.set_defaults(func=cmd_ranker)
 
 

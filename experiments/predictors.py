@@ -2,13 +2,9 @@
 simulated end effect of ranker-driven dispatch.
 
 * ``ranker_for(spec, live)`` — the one place every entry point gets the ranker behind
-  ``policies.length_predictor: ranker`` (live: empty, learning online; sim: below).
-* ``sim_ranker(spec)`` — for ``policies.length_predictor: ranker`` in the sim: a
-  :class:`RankerPredictor` fitted on the workload's trace of its first two epochs (the
-  sim's lengths do not depend on the policies, so this is the trace a ``none`` run
-  records). The history table holds the trace of every iteration of the run, consulted
-  strictly before each request's iteration: it stands in for the online ``update`` that
-  the sim controller does not call.
+  ``policies.length_predictor: ranker``: a file of ``policies.ranker_path``, or built in
+  (live: empty, learning online; sim: fitted on held-out draws). It lives in
+  :mod:`experiments.ranker_source` and is re-exported here.
 * ``task_trace(...)`` — the live tasks (``runtime.tasks``) seen for several epochs, with
   lengths scattered around the reference answer's (``ranker.traces``), until live traces
   exist.
@@ -20,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -29,62 +24,18 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
+from experiments.ranker_source import ranker_for, sim_ranker, workload_trace
 from experiments.specs import config_path
+from policies.protocols import LengthPredictor
 from policies.results import iteration_windows, write_atomic
 from policies.rng import RngStreams
 from policies.spec import RunSpec, load_spec
 from ranker.evaluate import as_json, heldout_prompts_report, rank_metrics, score, timings
+from ranker.features import FeatureSpec
 from ranker.online import RankerPredictor
-from ranker.traces import (
-    TRACE_COLUMNS,
-    normalize,
-    read_trace,
-    repeated_prompt_trace,
-    trace_frame,
-)
+from ranker.traces import TRACE_COLUMNS, normalize, read_trace, repeated_prompt_trace
 
-WARMUP_EPOCHS = 2
-
-
-def iterations_per_epoch(spec: RunSpec) -> int:
-    return max(1, math.ceil(spec.workload.num_prompts / spec.prompts_per_iteration))
-
-
-def workload_trace(spec: RunSpec, num_iterations: int) -> pd.DataFrame:
-    """The sim workload's (request, true length) rows of iterations ``[0, num_iterations)``."""
-    from sim.workload import Workload
-
-    workload = Workload(spec, RngStreams(spec.run.seed))
-    frames = []
-    for iteration in range(num_iterations):
-        batch = workload.batch(iteration)
-        frames.append(trace_frame(batch, [workload.true_output_tokens(r) for r in batch]))
-    return pd.concat(frames, ignore_index=True)
-
-
-def sim_ranker(
-    spec: RunSpec, fit_iterations: int | None = None, model: str = "hgb"
-) -> RankerPredictor:
-    """A ranker for a sim run of ``spec``: fit on the first epochs, history of the run."""
-    if fit_iterations is None:
-        fit_iterations = WARMUP_EPOCHS * iterations_per_epoch(spec)
-    num_iterations = max(fit_iterations, spec.run.iterations)
-    trace = workload_trace(spec, num_iterations)
-    ranker = RankerPredictor(model)
-    ranker.fit_trace(trace[trace["iteration"] < fit_iterations])
-    ranker.update_history(trace[trace["iteration"] >= fit_iterations])
-    return ranker
-
-
-def ranker_for(spec: RunSpec, live: bool = False) -> RankerPredictor | None:
-    """The learned ranker behind ``policies.length_predictor: ranker``, or None when the
-    spec uses another predictor. Every entry point builds it here (``tandem run``,
-    ``sweep``, ``fidelity``, ``bench``, the reproductions): ``live``, an empty ranker that
-    learns from the run's own completions as they finish (``run_live(..., ranker)``);
-    otherwise one fitted on the sim workload's first epochs (``Simulation(spec, ranker=)``)."""
-    if spec.policies.length_predictor != "ranker":
-        return None
-    return RankerPredictor() if live else sim_ranker(spec)
+__all__ = ["ranker_for", "sim_ranker", "workload_trace"]  # re-exported for the entry points
 
 
 def task_trace(
@@ -126,11 +77,15 @@ def load_trace(path: Path) -> pd.DataFrame:
     return attach_task_prompts(read_trace(path), path.parent)
 
 
-def fit_command(trace_path: Path, out: Path, model: str, before_iteration: int | None) -> str:
+def fit_command(
+    trace_path: Path, out: Path, model: str, before_iteration: int | None, use_text: bool = True
+) -> str:
+    """``tandem ranker fit``; ``use_text=False`` leaves the prompt-text features out (a
+    model for the simulator, whose prompts have no text)."""
     trace = load_trace(trace_path)
     if before_iteration is not None:
         trace = trace[trace["iteration"] < before_iteration].reset_index(drop=True)
-    ranker = RankerPredictor(model)
+    ranker = RankerPredictor(model, FeatureSpec(use_text=use_text))
     t0 = time.perf_counter()
     ranker.fit_trace(trace)
     fit_s = time.perf_counter() - t0
@@ -152,10 +107,16 @@ def eval_report(ranker: RankerPredictor, trace: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def eval_json_path(model_path: Path) -> Path:
+    """``tandem ranker eval``'s default metrics file: ``<model file name>.eval.json``, the
+    whole name kept (``a.v1`` and ``a.v2`` must not both write ``a.eval.json``)."""
+    return model_path.with_name(f"{model_path.name}.eval.json")
+
+
 def eval_command(model_path: Path, trace_path: Path, json_path: Path | None) -> dict[str, Any]:
     ranker = RankerPredictor.load(model_path)
     report = as_json(eval_report(ranker, load_trace(trace_path)))
-    json_path = json_path or model_path.with_suffix(".eval.json")
+    json_path = json_path or eval_json_path(model_path)
     write_atomic(json_path, json.dumps(report, indent=2, allow_nan=False).encode())
     report["json_path"] = str(json_path)
     return report
@@ -194,7 +155,7 @@ def _timed_rows(t: dict[str, Any]) -> str:
 # -- the end effect in the sim ------------------------------------------------------------
 
 
-def generation_time_s(spec: RunSpec, ranker: RankerPredictor | None, from_iteration: int) -> float:
+def generation_time_s(spec: RunSpec, ranker: LengthPredictor | None, from_iteration: int) -> float:
     """Mean per-iteration generation time (first dispatch to last finish) from an iteration."""
     from sim.simulator import Simulation
 

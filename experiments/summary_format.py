@@ -3,8 +3,13 @@ has no value."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from policies.results import SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec
 
 MISSING = "—"
@@ -43,3 +48,21 @@ def cost_note(spec: RunSpec, metrics: dict[str, Any]) -> str | None:
         f"cost_normalized_throughput {MISSING}: hardware.csv has no cost_per_machine_rel_h20 "
         f"for {', '.join(missing)} (sim.hardware can give it)"
     )
+
+
+def print_summary(result: RunResult, out: Path, console: Console) -> None:
+    """``tandem run``'s closing table of :data:`SUMMARY_METRICS`, with why a metric is
+    missing, the cost model that priced a simulated run, and where the results are."""
+    table = Table(title=f"{result.spec.run.name} · {result.spec.pipeline.mode}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in SUMMARY_METRICS:
+        table.add_row(key, format_metric(result.metrics.get(key)))
+    console.print(table)
+    if note := cost_note(result.spec, result.metrics):
+        console.print(note)
+    if "sim_wall_s" in result.metrics:
+        from sim.costs import describe_cost_model
+
+        console.print(f"cost model: {describe_cost_model(result.spec)}")
+    console.print(f"results in [bold]{out}[/bold]")

@@ -106,6 +106,7 @@ def _ranker(ranker: LengthPredictor | None = None) -> LengthPredictor:
     if ranker is None:
         raise ValueError(
             "length_predictor 'ranker' needs a fitted ranker: run through the tandem CLI, "
-            "which trains one on the workload's trace (sim) or the run's completions (live)"
+            "which loads policies.ranker_path or fits one on held-out draws of the workload "
+            "(sim) or the run's completions (live)"
         )
     return ranker

@@ -157,6 +157,12 @@ class PoliciesSection(_Section):
         "oracle", description="predicted output lengths (dispatch)"
     )
     predictor_recall: float = Field(0.87, gt=0, le=1, description="noisy-oracle: top-20% recall")
+    ranker_path: str | None = Field(
+        None,
+        description="ranker: a model file of `tandem ranker fit` (sim and live; saved "
+        "absolute); unset: the sim fits one on held-out draws of the workload, a live run "
+        "starts empty and learns from its completions",
+    )
     allocation: Annotated[str, ALLOCATION] = Field(
         "fixed", description="split of GPUs between generation and training"
     )
@@ -189,6 +195,25 @@ class PoliciesSection(_Section):
     @classmethod
     def _known_allocation(cls, value: str) -> str:
         return check_name(value, ALLOCATION.names())
+
+    @field_validator("ranker_path")
+    @classmethod
+    def _absolute_ranker_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("an empty path: give a model file of `tandem ranker fit`, or null")
+        return str(Path(value).expanduser().absolute())  # the run reads it from any directory
+
+    @model_validator(mode="after")
+    def _ranker_path_needs_ranker(self) -> PoliciesSection:
+        if self.ranker_path is not None and self.length_predictor != "ranker":
+            raise ValueError(
+                f"ranker_path is read only by length_predictor 'ranker', not "
+                f"{self.length_predictor!r}: set policies.length_predictor=ranker or "
+                "policies.ranker_path=null"
+            )
+        return self
 
 
 SECRET_KEYS = (("live", "token"), ("live", "api_key"))  # never written to a file or tracker

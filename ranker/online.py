@@ -53,6 +53,8 @@ class RankerPredictor:
         self._refresh: threading.Thread | None = None
         self._pending = False
         self.num_refreshes = 0
+        self.source = "unfitted"  # how it was obtained, in words (run.log, metrics.json)
+        self.refit_online = True  # False: ``update`` only records (a model loaded for a run)
 
     # -- LengthPredictor ----------------------------------------------------------------
 
@@ -97,6 +99,13 @@ class RankerPredictor:
 
     # -- online refresh -----------------------------------------------------------------
 
+    def replace_history(self, trace: pd.DataFrame) -> None:
+        """Make ``trace`` the whole observation table (the model stays): a model fitted on
+        one trace and used in a run looks up the history of the run's own prompts."""
+        kept = trace[TRACE_COLUMNS].iloc[-self.max_history_rows :].reset_index(drop=True)
+        with self._lock:
+            self._observations = kept
+
     def update_history(self, trace: pd.DataFrame) -> None:
         """Add observations to the history table only (no refit)."""
         with self._lock:
@@ -107,10 +116,13 @@ class RankerPredictor:
         self._observations = merged.iloc[-self.max_history_rows :].reset_index(drop=True)
 
     def update(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None:
-        """Record completions now; refit on recent ones in the background (non-blocking)."""
+        """Record completions now; refit on recent ones in the background (non-blocking),
+        unless ``refit_online`` is off."""
         new = trace_frame(requests, output_tokens)
         with self._lock:
             self._append(new)
+            if not self.refit_online:
+                return
             if self._refresh is not None and self._refresh.is_alive():
                 self._pending = True
                 return
@@ -164,6 +176,8 @@ class RankerPredictor:
             payload = pickle.loads(Path(path).read_bytes())
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
             raise ValueError(f"{path} is not a tandem ranker file ({err})") from None
+        except (AttributeError, ImportError, IndexError) as err:  # pickled other classes
+            raise ValueError(f"{path} is not a tandem ranker file ({err!r})") from None
         if not isinstance(payload, dict) or payload.get("format") != FILE_FORMAT:
             raise ValueError(f"{path} is not a tandem ranker file")
         if payload.get("format_version") != FILE_VERSION:
@@ -171,6 +185,13 @@ class RankerPredictor:
                 f"{path} is ranker file version {payload.get('format_version')}; "
                 f"this tandem reads version {FILE_VERSION}: refit it"
             )
+        try:
+            return cls._from_payload(payload, path)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{path} is not a tandem ranker file (no or bad {err})") from None
+
+    @classmethod
+    def _from_payload(cls, payload: dict, path: Path) -> RankerPredictor:
         spec = FeatureSpec(**payload["feature_spec"])
         if spec.version != FEATURE_VERSION:
             raise ValueError(f"{path} uses feature version {spec.version}, not {FEATURE_VERSION}")

@@ -51,7 +51,7 @@ def test_eval_of_undefined_rank_correlations_writes_valid_json(tmp_path):
     prompts = [f"p{i}" for i in range(10)]
     trace, model = _fit(tmp_path, pd.DataFrame({"prompt": prompts * 2, "output_tokens": 7}))
     assert main(["ranker", "eval", str(model), str(trace)]) == 0
-    report = _strict_json(model.with_suffix(".eval.json"))
+    report = _strict_json(model.with_name(model.name + ".eval.json"))
     assert report["later_epoch"]["ranker"]["spearman"] is None
 
 

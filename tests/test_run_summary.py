@@ -8,6 +8,7 @@ from helpers import SMALL_YAML
 
 from experiments import cli
 from experiments.cli import main
+from experiments.summary_format import print_summary
 from policies.results import METRIC_NAMES, RunResult
 from policies.spec import load_spec
 
@@ -41,7 +42,7 @@ def test_the_summary_prints_counts_as_integers(tmp_path, capsys):
         "num_samples_trained": 10240, "max_staleness": 3, "makespan_s": 12345.678,
         "cost_normalized_throughput": 0.334, "sim_wall_s": 1.0,
     }  # fmt: skip
-    cli.print_summary(RunResult(load_spec(None), metrics, [], []), tmp_path)
+    print_summary(RunResult(load_spec(None), metrics, [], []), tmp_path, cli.console)
     rows = dict(line.split()[1:4:2] for line in capsys.readouterr().out.splitlines()
                 if line.startswith("│ num_samples_trained"))  # fmt: skip
     assert rows == {"num_samples_trained": "10240"}
