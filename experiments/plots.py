@@ -130,8 +130,9 @@ def sweep_figure(frame: pd.DataFrame, keys: list[str], metric: str) -> plt.Figur
     ax.set_xlabel(x)
     ax.set_ylabel(metric.replace("_", " "))
     ax.set_title(f"sweep: {metric}")
-    if rest:
-        ax.legend(fontsize=7)
+    if rest:  # beside the axes, never over the bars or lines
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.tight_layout()
     return fig
 
 

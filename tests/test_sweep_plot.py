@@ -49,3 +49,15 @@ def test_a_numeric_axis_keeps_its_lines(drawn):
     plots.sweep_summary(frame, ["run.seed"], Path("summary.png"))
     (line,) = drawn[0].axes[0].get_lines()
     assert list(line.get_xdata()) == ["1", "2", "3"]
+
+
+def test_the_legend_lies_beside_the_axes_never_over_the_bars(drawn):
+    """Seen: with a second grid key, the legend covered the bars of summary.png."""
+    frame = _frame(["stream-async", "pipeline"], ["random", "least-loaded", "skewness-aware"])
+    plots.sweep_summary(frame, ["pipeline.mode", "policies.dispatch"], Path("summary.png"))
+    fig = drawn[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend, box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.x0 >= box.x1  # wholly to the right of the plotting area
