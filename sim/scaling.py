@@ -1,11 +1,14 @@
 """Elastic generation in the simulator: the executor's side of ``ScaleOut`` / ``ScaleIn``.
 
 Modelling assumptions: an added instance serves after ``sim.instance_start_s`` (engine
-start and weight load; it holds the controller's latest weights), a retired one stops the
+start and weight load) holding the controller's latest weights as of the moment it is
+ready, read then and not at ``ScaleOut``: a push made while it starts does not reach it,
+so weights read earlier would leave it behind for good (and a sync batch, which waits for
+every instance to hold the new weights, would wait forever). A retired one stops the
 moment the last request it was running finishes (nothing is dropped or moved), and takes
-no further weight pushes. Known bias: a retired instance's idle time after retirement
-still counts in the run's generation utilisation.
-"""
+no further weight pushes. Known biases: a retired instance's idle time after retirement
+still counts in the run's generation utilisation; weights pushed while an instance starts
+cost it no transfer of its own (its start covers one load)."""
 
 from __future__ import annotations
 
@@ -34,14 +37,15 @@ def scale_out(
     count: int,
     start_s: float,
     pool: GenerationPool,
-    version: int,
+    latest_version: Callable[[], int],
     add: Callable[[GenerationPool, int], Any],
     kv_capacity: Callable[[Any], int],
 ):  # noqa: ANN201 - SimPy process
-    """Add ``count`` instances of ``pool`` after ``start_s``, each announced once ready."""
+    """Add ``count`` instances of ``pool`` after ``start_s``, each announced once ready and
+    holding ``latest_version()`` as of then (every later push reaches it)."""
     yield world.env.timeout(to_ticks(start_s))
     for _ in range(count):
-        inst = add(pool, version)
+        inst = add(pool, latest_version())
         view = instance_view(inst.engine.config.instance_id, pool, kv_capacity, inst.engine.version)
         world.emit(InstanceAdded(to_seconds(world.env.now), view))
 

@@ -9,11 +9,9 @@ links (one push per optimizer step), and a colocated context switch stalls every
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
@@ -65,6 +63,7 @@ from sim import scaling
 from sim.cluster import kv_cache_key, resolve_cluster
 from sim.costs import build_cost_model, link_transfer_s
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
+from sim.run_loop import few_collections, run_until_done, stall_report
 from sim.scheduler import SequenceTooLong
 from sim.sequence import engine_limits
 from sim.tables import hardware_of
@@ -103,7 +102,7 @@ class Simulation:
         """Simulate the spec; ``on_step`` gets a :class:`StepUpdate` after every optimizer
         step (in simulated time), e.g. a progress bar or an ``experiments.tracking`` logger."""
         wall0 = time.perf_counter()
-        with _few_collections():
+        with few_collections():
             world = _World(self.spec, self.fast_forward, on_step, self.ranker)
             log.info(
                 "simulating %s: %s, %d instances, %d iterations of %d samples",
@@ -112,24 +111,11 @@ class Simulation:
             )  # fmt: skip
             world.env.process(world.trainer.run())
             world.emit(Start(0.0))
-            world.env.run(until=world.done)
+            run_until_done(world.env, world.done, world.stall_report)
             result = world.result(time.perf_counter() - wall0)
         metrics = result.metrics
         log.info("simulated %.1f s in %.2f s", metrics["makespan_s"], metrics["sim_wall_s"])
         return result
-
-
-@contextlib.contextmanager
-def _few_collections(threshold: int = 100_000) -> Iterator[None]:
-    """Run with the cyclic garbage collector's first threshold raised (restored after): a
-    simulation allocates many short-lived records among many long-lived ones, and the
-    default threshold (700) spends a quarter of a large run traversing the long-lived."""
-    before = gc.get_threshold()
-    gc.set_threshold(max(threshold, before[0]), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 class _World:
@@ -344,12 +330,15 @@ class _World:
         self.emit(ContextSwitched(to_seconds(self.env.now), command.to))
 
     def _scale_out(self, command: ScaleOut) -> None:
-        pool, version = self.cluster.generation[0], self.controller.latest_version
-        start_s, kv = self.spec.sim.instance_start_s, self.cost.kv_capacity_tokens
+        pool, start_s = self.cluster.generation[0], self.spec.sim.instance_start_s
+        version, kv = lambda: self.controller.latest_version, self.cost.kv_capacity_tokens
         proc = scaling.scale_out(self, command.num_instances, start_s, pool, version, self._add_instance, kv)  # fmt: skip
         self.env.process(proc)
 
     # -- result ---------------------------------------------------------------------------
+
+    def stall_report(self) -> str:
+        return stall_report(self, self.spec.run.iterations, self.spec.algorithm.batch_size)
 
     def result(self, wall_s: float) -> RunResult:
         end_s = to_seconds(self.env.now)

@@ -68,7 +68,8 @@ def _draw_spec(draw, group: int, kind: str) -> RunSpec:
         workload__max_output_tokens=draw(st.integers(20, 400)),
         workload__lognormal_median_tokens=float(draw(st.integers(10, 200))),
         workload__pareto_min_tokens=float(draw(st.integers(5, 100))),
-        sim__instance_start_s=0.5,
+        # elastic: ready at once, within a step, or across several pushes
+        sim__instance_start_s=draw(st.sampled_from([0.0, 0.5, 2.0])),
     )
 
 

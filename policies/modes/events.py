@@ -73,6 +73,12 @@ class ContextSwitched:
 
 @dataclass(frozen=True, slots=True)
 class InstanceAdded:
+    """A new instance serves from now on. ``view.version`` is the weights it holds: no
+    older than any version pushed before (a push it missed while starting never reaches
+    it, and a batch waiting for every instance to hold those weights would wait forever).
+    The simulator loads the latest weights as the instance starts; the live runtime adds
+    a server at the push that brought it into the weight group."""
+
     time_s: float
     view: InstanceView
 
