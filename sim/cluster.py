@@ -171,21 +171,29 @@ def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload, colocate
     pools = spec.cluster.generation[:1] if colocated else spec.cluster.generation
     for pool in pools:
         if (problem := kv_shortfall(pool, cost, longest)) is not None:
-            raise ValueError(_kv_problem(spec.cluster, pool, cost, problem))
+            raise ValueError(_kv_problem(spec, pool, cost, problem))
 
 
-def _kv_problem(
-    cluster: ClusterSection, pool: GenerationPool, cost: SimCostModel, problem: str
-) -> str:
-    """``problem`` under the key that sizes the KV cache: a calibrated model's is its
-    measured ``kv_capacity_tokens`` (its tp is the profiled one), not the spec's tp."""
+def _kv_problem(spec: RunSpec, pool: GenerationPool, cost: SimCostModel, problem: str) -> str:
+    """``problem`` under the key that sizes the KV cache (a calibrated model's is its
+    measured ``kv_capacity_tokens``: its tp is the profiled one, not the spec's tp), with
+    the workload key that sets the longest ``max_tokens``, the other lever."""
+    key, value = max_tokens_key(spec)
     if isinstance(cost, CalibratedCosts) and not pool.num_gpu_blocks_override:
         return (
             f"sim.cost_model: {problem}: the cost model {cost.path} gives each instance "
             f"kv_capacity_tokens {cost.kv_capacity} (from the profile's profile.json); check "
-            "that value, or shorten workload.max_output_tokens"
+            f"that value, or lower {key} ({value})"
         )
-    return f"{kv_cache_key(cluster, pool)}: {problem}"
+    return kv_too_small(spec, pool, problem)
+
+
+def kv_too_small(spec: RunSpec, pool: GenerationPool, problem: object) -> str:
+    """A sequence that does not fit ``pool``'s KV cache, naming both levers: the key that
+    sizes the cache (``tp`` or ``num_gpu_blocks_override``) and the ``max_tokens`` key."""
+    sizes = kv_cache_key(spec.cluster, pool)
+    key, value = max_tokens_key(spec)
+    return f"{sizes}: {problem}; raise {sizes} (it sizes the cache) or lower {key} ({value})"
 
 
 def kv_shortfall(pool: GenerationPool, cost: SimCostModel, longest: int) -> str | None:
@@ -195,9 +203,11 @@ def kv_shortfall(pool: GenerationPool, cost: SimCostModel, longest: int) -> str 
     need = blocks_for(longest - 1, limits.block_size)  # the last token's KV is never kept
     if need <= limits.num_blocks:
         return None
+    capacity = limits.num_blocks * limits.block_size
     return (
         f"the longest prompt with its max_tokens ({longest} tokens, {need} blocks) does not "
-        f"fit one instance's KV cache ({limits.num_blocks} blocks of {limits.block_size} tokens)"
+        f"fit one instance's KV cache ({limits.num_blocks} blocks of {limits.block_size} "
+        f"tokens, {capacity} tokens)"
     )
 
 
@@ -206,3 +216,13 @@ def kv_cache_key(cluster: ClusterSection, pool: GenerationPool) -> str:
     i = cluster.generation.index(pool)
     name = "num_gpu_blocks_override" if pool.num_gpu_blocks_override else "tp"
     return f"cluster.generation.{i}.{name}"
+
+
+def max_tokens_key(spec: RunSpec) -> tuple[str, int]:
+    """The workload key, and its value, that sets the largest ``max_tokens`` of a run:
+    ``final_max_output_tokens`` where the max grows to it, else ``max_output_tokens``."""
+    w = spec.workload
+    final = w.final_max_output_tokens
+    if final is not None and final > w.max_output_tokens and spec.run.iterations > 1:
+        return "workload.final_max_output_tokens", final
+    return "workload.max_output_tokens", w.max_output_tokens

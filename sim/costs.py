@@ -19,7 +19,12 @@ Modelling assumptions (roofline, per operator; efficiencies in ``sim.efficiency`
   (actor and critic forward+backward, reference, old-log-prob and value forwards);
   the Adam step moves 32 bytes per trained parameter through HBM.
 * Weight transfer: bf16 bytes over the link bandwidth plus latency.
-* KV capacity: ``gpu_memory_utilization`` of HBM minus the weights, per instance.
+* KV capacity, per rank as vLLM sizes it: ``gpu_memory_utilization`` of a GPU's HBM minus
+  its ``1/tp`` of the weights, over the KV bytes a token takes on that rank (vLLM's
+  ``get_num_kv_heads``: ``max(1, num_kv_heads // tp)`` heads, replicated when ``tp``
+  exceeds the KV heads; the whole latent on every rank under latent attention). An
+  instance holds that many tokens, not ``tp`` times it. Decode and prefill read KV per
+  rank the same way; attention FLOPs split over ``tp`` (query heads shard evenly).
 
 Known biases: no tensor-parallel communication and no gradient all-reduce, no
 attention-kernel detail beyond its roofline, perfectly token-balanced data parallelism over
@@ -113,7 +118,9 @@ class RooflineCostModel:
         compute = (
             m.attention_flops_per_context_token * pairs / (tp * hw.bf16_flops * e.attention_compute)
         )
-        memory = m.kv_bytes_per_token * kv_tokens / (tp * hw.hbm_bytes_per_s * e.kv_memory)
+        # each rank reads its own KV (replicated heads and latent included) in parallel
+        kv_bytes = m.kv_bytes_per_token_all_ranks(tp) * kv_tokens
+        memory = kv_bytes / (tp * hw.hbm_bytes_per_s * e.kv_memory)
         return max(compute, memory)
 
     # -- exact decode law for the engine --------------------------------------------------
@@ -180,15 +187,20 @@ class RooflineCostModel:
     # -- capacities and colocated switch ----------------------------------------------------
 
     def kv_capacity_tokens(self, device: Device) -> int:
-        self.model.check_tp(device.num_gpus)
+        """Tokens one instance's KV cache holds: each rank's free HBM over the KV bytes a
+        token takes on that rank (vLLM sizes the cache per worker, every rank holding the
+        same blocks), written as totals over the ``tp`` ranks so that an evenly sharded
+        model gives the same bits as ``free / kv_bytes_per_token``."""
+        tp = device.num_gpus
+        self.model.check_tp(tp)
         hw = self.hw(device.hardware)
-        free = device.num_gpus * hw.hbm_bytes * self.eff.gpu_memory_utilization
+        free = tp * hw.hbm_bytes * self.eff.gpu_memory_utilization
         free -= self.model.weight_bytes
         if free <= 0:
             raise ModelDoesNotFit(
-                f"{self.model.name} does not fit on {device.num_gpus}× {device.hardware}; raise tp"
+                f"{self.model.name} does not fit on {tp}× {device.hardware}; raise tp"
             )
-        return int(free // self.model.kv_bytes_per_token)
+        return int(free // self.model.kv_bytes_per_token_all_ranks(tp))
 
     def context_switch_s(self, num_gpus: int, tp: int, pcie_gb_per_s: float) -> float:
         """Offload one stage's state and onload the other's, per GPU over PCIe (verl-style)."""

@@ -8,7 +8,9 @@ experts its tokens are routed to: ``weight_bytes_read(rows)`` counts the dense p
 the expected share of experts that ``rows`` tokens touch, each token picking
 ``num_experts_per_tok`` of ``num_experts`` (independently: ``1 - (1 - k/E)^rows``).
 Multi-head latent attention (DeepSeek) caches ``kv_lora_rank + qk_rope_head_dim`` values
-per layer and token.
+per layer and token. Under tensor parallelism each rank caches its share of the KV heads,
+as vLLM does: at least one head (heads are replicated when ``tp > num_kv_heads``), and the
+whole latent under latent attention (``kv_bytes_per_token_per_rank``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,29 @@ class Model:
         else:
             per_layer = 2 * self.num_kv_heads * self.head_dim  # K and V
         return BYTES_PER_VALUE * self.num_layers * per_layer
+
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """KV heads each of ``tp`` tensor-parallel ranks caches, as vLLM's
+        ``ModelConfig.get_num_kv_heads``: ``max(1, num_kv_heads // tp)``, so with fewer KV
+        heads than ranks each head is replicated ``tp / num_kv_heads`` times; 1 under latent
+        attention, where every rank caches the whole latent (it is not sharded at all)."""
+        return 1 if self.kv_lora_rank else max(1, self.num_kv_heads // tp)
+
+    def kv_bytes_per_token_per_rank(self, tp: int) -> float:
+        """KV bytes a token takes on each of ``tp`` ranks, as vLLM's page size per layer
+        (``FullAttentionSpec``: K and V of the rank's heads; ``MLAAttentionSpec``: one
+        latent of ``kv_lora_rank + qk_rope_head_dim`` values)."""
+        if self.kv_lora_rank:
+            per_layer = self.kv_lora_rank + self.qk_rope_head_dim
+        else:
+            per_layer = 2 * self.kv_heads_per_rank(tp) * self.head_dim  # K and V
+        return BYTES_PER_VALUE * self.num_layers * per_layer
+
+    def kv_bytes_per_token_all_ranks(self, tp: int) -> float:
+        """KV bytes a token takes on all ``tp`` ranks together, replicas included: equal to
+        ``kv_bytes_per_token`` where the KV heads split evenly, ``tp`` times it under latent
+        attention, ``tp / num_kv_heads`` times it with fewer KV heads than ranks."""
+        return tp * self.kv_bytes_per_token_per_rank(tp)
 
     @property
     def attention_flops_per_context_token(self) -> float:

@@ -60,7 +60,7 @@ from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from sim import scaling
-from sim.cluster import kv_cache_key, resolve_cluster
+from sim.cluster import kv_too_small, resolve_cluster
 from sim.costs import build_cost_model, link_transfer_s
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.run_loop import few_collections, run_until_done, stall_report
@@ -260,7 +260,7 @@ class _World:
         try:
             instance.engine.submit(command.requests)
         except SequenceTooLong as err:
-            raise ValueError(f"{kv_cache_key(self.cluster, instance.pool)}: {err}") from None
+            raise ValueError(kv_too_small(self.spec, instance.pool, err)) from None
 
     def _aborted(self, instance_id: int, requests: list[Request]) -> None:
         self.emit(RequestsAborted(to_seconds(self.env.now), instance_id, tuple(requests)))
