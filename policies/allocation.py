@@ -11,18 +11,26 @@
 * ``elastic`` starts as ``fixed`` and, after each iteration, adds generation instances
   when ``Δ = T_gen − T_train`` exceeds ``Δ′``, the time one more node of instances would save.
 
-Stage times come from :class:`StageModel`: generation drains a batch whose lengths follow
-the workload's distribution (batch shrinking as sequences finish, priced step by step with
-the cost model's decode time), training prices the batch's tokens with the cost model on
-the GPUs the batch keeps busy (:func:`policies.data_parallel.busy_trainer_gpus`: at most
-one per micro-batch of ``micro_batch_per_gpu`` samples), as the simulator's trainer does.
+Stage times come from :class:`StageModel`. An instance runs its share of the batch with
+continuous batching (vLLM): while requests wait for one of its ``max_num_seqs`` slots,
+every slot is busy and a step decodes one token for each; the last requests admitted then
+drain as the batch shrinks (their lengths follow the workload's distribution, priced step
+by step with the cost model's decode time, so the longest sequence's tail counts).
+Generation time is thus continuous in the requests per instance, not a count of full
+waves. Known bias: outputs of one length finish together and so do run in waves, which the
+full phase prices as if they did not (up to one drain short). Training prices the batch's
+tokens with the cost model on the GPUs the batch keeps busy
+(:func:`policies.data_parallel.busy_trainer_gpus`: at most one per micro-batch of
+``micro_batch_per_gpu`` samples), as the simulator's trainer does.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
@@ -31,6 +39,8 @@ from policies.cluster import ClusterSection, GenerationPool
 from policies.data_parallel import busy_trainer_gpus
 from policies.protocols import CostModel, Device
 from policies.registry import Factories, Registry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -50,9 +60,22 @@ class StageModel:
         if instances <= 0:
             return math.inf
         per_instance = math.ceil(self.batch_size / instances)
-        batch = min(per_instance, pool.max_num_seqs)
-        waves = math.ceil(per_instance / batch)
-        return waves * self._drain_s(Device(pool.hardware, pool.tp), batch)
+        slots = min(per_instance, pool.max_num_seqs)
+        device = Device(pool.hardware, pool.tp)
+        return self._full_s(device, per_instance - slots, slots) + self._drain_s(device, slots)
+
+    def _full_s(self, device: Device, num_queued: int, slots: int) -> float:
+        """Decode the tokens of ``num_queued`` requests that wait for a slot (continuous
+        batching: each takes the slot of one that finished, so every slot stays busy
+        until the queue is empty). A slot then holds a length-biased sequence, of mean
+        context ``prompt + E[L²] / (2 E[L])``, as ``experiments.reproduce.analytic``."""
+        if num_queued <= 0:
+            return 0.0
+        lengths = np.asarray(self.output_tokens, float)
+        mean_tokens = float(lengths.mean())
+        per_slot = self.prompt_tokens + float((lengths**2).mean()) / (2 * mean_tokens)
+        steps = num_queued * mean_tokens / slots
+        return steps * self.cost.decode_step_s(device, slots, int(slots * per_slot))
 
     def _drain_s(self, device: Device, batch: int) -> float:
         """Generate ``batch`` sequences admitted together: the batch shrinks as they finish."""
@@ -158,6 +181,15 @@ class BalancedAllocation:
         return gen, max(model.min_trainer_gpus, model.busy_trainer_gpus(train))
 
 
+class Decline(Enum):
+    """Why elastic added no instance after an iteration (logged once per change)."""
+
+    AT_CAP = "policies.elastic.max_extra_instances are already added"
+    KEEPS_UP = "generation took no longer than training"
+    NO_SAVING = "more instances are predicted to save nothing (the long tail sets the time)"
+    OVERSHOOT = "the predicted saving exceeds the gap to training (it would overshoot)"
+
+
 @ALLOCATION.register("elastic")
 class ElasticAllocation:
     """Fixed at the start; :meth:`instances_to_add` and :meth:`instances_to_retire` are the
@@ -169,6 +201,10 @@ class ElasticAllocation:
     scaled up by the same stage model — would still take no longer than training: then
     they only idle. The two rules cannot undo each other: an addition leaves generation
     longer than training (it never overshoots), a retirement leaves it no longer.
+
+    Each addition and retirement is logged at INFO (``time_s``: when the controller
+    decided, in the run's clock), and so is a declined addition whenever its reason
+    (:class:`Decline`) differs from the last one logged.
     """
 
     def __init__(
@@ -180,31 +216,67 @@ class ElasticAllocation:
         self.added = 0
         self._model: StageModel | None = None
         self._pool: GenerationPool | None = None
+        self._last_decline: Decline | None = None
 
     def allocate(self, cluster: ClusterSection, model: StageModel) -> ClusterSection:
         self._model, self._pool = model, _single_pool(cluster, "elastic")
         return cluster
 
-    def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
+    def instances_to_add(
+        self,
+        gen_time_s: float,
+        train_time_s: float,
+        num_instances: int,
+        *,
+        time_s: float | None = None,
+    ) -> int:
         k = min(self.instances_per_step, self.max_extra_instances - self.added)
-        if k <= 0:
-            return 0
-        delta = gen_time_s - train_time_s
-        delta_prime = gen_time_s * self._saving(num_instances, k)
-        if delta_prime <= 0 or delta <= delta_prime:  # useless, or would overshoot
+        saving_s = gen_time_s * self._saving(num_instances, k) if k > 0 else 0.0
+        why = _why_not_add(k, gen_time_s - train_time_s, saving_s)
+        if why is not None:
+            self._log_decline(why, time_s, gen_time_s, train_time_s, num_instances)
             return 0
         self.added += k
+        self._last_decline = None
+        log.info(
+            "elastic%s: %d → %d generation instances (generation %.1f s, training %.1f s; "
+            "predicted saving %.1f s)",
+            _at(time_s), num_instances, num_instances + k, gen_time_s, train_time_s, saving_s,
+        )  # fmt: skip
         return k
 
     def instances_to_retire(
-        self, gen_time_s: float, train_time_s: float, num_instances: int
+        self,
+        gen_time_s: float,
+        train_time_s: float,
+        num_instances: int,
+        *,
+        time_s: float | None = None,
     ) -> int:
         k = min(self.instances_per_step, num_instances - 1)
         if not self.retire or k <= 0:
             return 0
         fewer = num_instances - k
         slower_s = gen_time_s / max(1e-9, 1.0 - self._saving(fewer, k))
-        return k if slower_s <= train_time_s else 0
+        if slower_s > train_time_s:
+            return 0
+        log.info(
+            "elastic%s: retiring %d → %d generation instances (generation %.1f s, training "
+            "%.1f s; predicted generation on %d: %.1f s)",
+            _at(time_s), num_instances, fewer, gen_time_s, train_time_s, fewer, slower_s,
+        )  # fmt: skip
+        return k
+
+    def _log_decline(
+        self, why: Decline, time_s: float | None, gen_s: float, train_s: float, n: int
+    ) -> None:
+        if why == self._last_decline:
+            return
+        self._last_decline = why
+        log.info(
+            "elastic%s: keeps %d generation instances (generation %.1f s, training %.1f s): %s",
+            _at(time_s), n, gen_s, train_s, why.value,
+        )  # fmt: skip
 
     def _saving(self, num_instances: int, k: int) -> float:
         """Fraction of generation time ``k`` more instances would save."""
@@ -214,3 +286,19 @@ class ElasticAllocation:
         now = self._model.generation_s(self._pool, num_instances * tp)
         more = self._model.generation_s(self._pool, (num_instances + k) * tp)
         return max(0.0, 1.0 - more / now) if now > 0 else 0.0
+
+
+def _why_not_add(k: int, delta_s: float, saving_s: float) -> Decline | None:
+    """Why ``k`` more instances should not come when generation exceeds training by
+    ``delta_s`` and they would save ``saving_s`` (``Δ′``); None if they should."""
+    if k <= 0:
+        return Decline.AT_CAP
+    if delta_s <= 0:
+        return Decline.KEEPS_UP
+    if saving_s <= 0:
+        return Decline.NO_SAVING
+    return Decline.OVERSHOOT if delta_s <= saving_s else None
+
+
+def _at(time_s: float | None) -> str:
+    return "" if time_s is None else f" at {time_s:.1f} s"

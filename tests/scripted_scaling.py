@@ -18,13 +18,15 @@ class AddThenRetire:
     def allocate(self, cluster, model):  # noqa: ANN001, ANN201 - the allocation protocol
         return cluster
 
-    def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
+    def instances_to_add(
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
+    ) -> int:
         if self.base is None:
             self.base = num_instances
         return 1 if num_instances == self.base and not self.decisions_with_added else 0
 
     def instances_to_retire(
-        self, gen_time_s: float, train_time_s: float, num_instances: int
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
     ) -> int:
         added = self.base is not None and num_instances == self.base + 1
         self.decisions_with_added += added

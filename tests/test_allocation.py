@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from helpers import make_spec, small_spec
 
@@ -58,13 +60,15 @@ def test_allocation_registry():
 def test_stage_model_times():
     m = _model()
     pool = _cluster(8, 8).generation[0]
-    # per instance ceil(64/g) requests in waves of max_num_seqs = 8, each wave 10 s
+    # per instance ceil(64/g) requests on max_num_seqs = 8 slots, continuously batched: the
+    # ones beyond the first 8 take 10 steps each on one of 8 busy slots, then 10 s of drain
+    # (g = 3: 22 requests, 14 · 10 / 8 + 10 = 27.5 s; g = 5: 13, 5 · 10 / 8 + 10 = 16.25 s)
     assert [m.generation_s(pool, g) for g in (1, 2, 3, 4, 5, 8, 16)] == [
         80.0,
         40.0,
-        30.0,
+        27.5,
         20.0,
-        20.0,
+        16.25,
         10.0,
         10.0,
     ]
@@ -81,6 +85,15 @@ def test_drain_prices_a_shrinking_batch():
     m = StageModel(cost=PerSeq(), batch_size=4, prompt_tokens=0.0, output_tokens=[1, 2, 3, 4])
     pool = _cluster(1, 1, max_num_seqs=4).generation[0]
     assert m.generation_s(pool) == pytest.approx(10.0)
+
+
+def test_generation_time_falls_with_instances_at_equal_wave_counts():
+    # 16 then 13 requests an instance on 8 slots: two waves of 8 either way, but with
+    # continuous batching the 13 finish sooner (the old count of full waves said equal)
+    m = StageModel(UnitCost(), batch_size=64, prompt_tokens=0.0, output_tokens=list(range(1, 41)))
+    pool = _cluster(4, 4).generation[0]
+    times = [m.generation_s(pool, g) for g in (4, 5, 6, 7, 8)]
+    assert times == sorted(times, reverse=True) and len(set(times)) == 5
 
 
 def test_fixed_keeps_the_cluster():
@@ -171,6 +184,35 @@ def test_elastic_adds_an_instance_when_delta_exceeds_delta_prime():
     assert e.added == 2
 
 
+def test_elastic_scales_out_where_more_instances_help_despite_equal_wave_counts(caplog):
+    # H2 in small: 4 → 5 instances take 16 → 13 requests each on 8 slots (2 waves either
+    # way); more instances still shorten generation, so elastic must add one
+    e = ElasticAllocation(max_extra_instances=4, instances_per_step=1)
+    m = StageModel(UnitCost(), batch_size=64, prompt_tokens=0.0, output_tokens=list(range(1, 41)))
+    e.allocate(_cluster(4, 4), m)
+    with caplog.at_level(logging.INFO, logger="policies.allocation"):
+        assert e.instances_to_add(100.0, 50.0, 4, time_s=812.25) == 1
+    assert "elastic at 812.2 s: 4 → 5 generation instances" in caplog.text
+    assert "predicted saving" in caplog.text
+
+
+def test_elastic_logs_a_declined_scale_out_once_per_reason(caplog):
+    e = ElasticAllocation(max_extra_instances=1, instances_per_step=1)
+    e.allocate(_cluster(4, 4), _InverseModel())  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="policies.allocation"):
+        for t in (1.0, 2.0, 3.0):
+            assert e.instances_to_add(100.0, 100.0, 4, time_s=t) == 0  # keeps up
+        assert e.instances_to_add(100.0, 95.0, 4, time_s=4.0) == 0  # would overshoot
+        assert e.instances_to_add(100.0, 10.0, 4, time_s=5.0) == 1
+        for t in (6.0, 7.0):
+            assert e.instances_to_add(100.0, 10.0, 5, time_s=t) == 0  # at the cap
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4
+    assert lines[0].startswith("elastic at 1.0 s: keeps 4 generation instances")
+    assert "no longer than training" in lines[0]
+    assert "overshoot" in lines[1] and "4 → 5" in lines[2] and "max_extra_instances" in lines[3]
+
+
 def test_elastic_adds_nothing_when_more_instances_would_not_help():
     e = ElasticAllocation(max_extra_instances=4, instances_per_step=1)
     e.allocate(_cluster(4, 4), _FlatModel())  # type: ignore[arg-type]
@@ -237,3 +279,19 @@ def test_a_training_bound_simulation_retires_idle_instances_and_keeps_its_throug
     assert retired.metrics["throughput_samples_per_s"] == pytest.approx(
         kept.metrics["throughput_samples_per_s"], rel=0.01
     )
+
+
+def test_an_elastic_simulation_scales_out_past_max_num_seqs_at_equal_wave_counts():
+    # 2 instances of 16 slots hold 32 requests each, 3 would hold 22: two waves either
+    # way, yet a third instance shortens generation, and elastic must see that
+    shape = dict(
+        pipeline__mode="one-step-async", run__iterations=6,
+        cluster__generation__0__num_gpus=2, cluster__generation__0__max_num_seqs=16,
+        cluster__trainer__num_gpus=8, algorithm__batch_size=64, algorithm__group_size=4,
+        policies__elastic__gpus_per_step=1, policies__elastic__max_extra_instances=1,
+        sim__instance_start_s=1.0,
+    )  # fmt: skip
+    fixed = Simulation(small_spec(**shape)).run()
+    elastic = Simulation(small_spec(**shape, policies__allocation="elastic")).run()
+    assert elastic.samples_frame()["instance_id"].nunique() == 3
+    assert elastic.metrics["throughput_samples_per_s"] > fixed.metrics["throughput_samples_per_s"]

@@ -23,7 +23,9 @@ class AddOne:
     def __init__(self) -> None:
         self.calls: list[tuple[float, float, int]] = []
 
-    def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
+    def instances_to_add(
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
+    ) -> int:
         self.calls.append((gen_time_s, train_time_s, num_instances))
         return 1
 
@@ -77,11 +79,13 @@ class RetireOne:
     def __init__(self) -> None:
         self.calls: list[tuple[float, float, int]] = []
 
-    def instances_to_add(self, gen_time_s: float, train_time_s: float, num_instances: int) -> int:
+    def instances_to_add(
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
+    ) -> int:
         return 0
 
     def instances_to_retire(
-        self, gen_time_s: float, train_time_s: float, num_instances: int
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
     ) -> int:
         self.calls.append((gen_time_s, train_time_s, num_instances))
         return 1

@@ -37,12 +37,15 @@ class PromptSource(Protocol):
 
 @runtime_checkable
 class ScalingRule(Protocol):
+    """Elastic generation's decision after an iteration; ``time_s`` is when it is made (in
+    the run's clock), for the rule's log."""
+
     def instances_to_add(
-        self, gen_time_s: float, train_time_s: float, num_instances: int
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
     ) -> int: ...
 
     def instances_to_retire(
-        self, gen_time_s: float, train_time_s: float, num_instances: int
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
     ) -> int: ...
 
 

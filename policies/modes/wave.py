@@ -180,10 +180,10 @@ class WaveController(Controller):
             return []
         stats = event.stats
         train_s = stats.busy_s if stats.busy_s is not None else stats.end_s - stats.start_s
-        gen_s, n = self.wave_gen_time_s[step], len(self.views)
-        add = self._scaling.instances_to_add(gen_s, train_s, n)
+        gen_s, n, now_s = self.wave_gen_time_s[step], len(self.views), event.time_s
+        add = self._scaling.instances_to_add(gen_s, train_s, n, time_s=now_s)
         out: list[Command] = [ScaleOut(add)] if add > 0 else []
         if not out:
-            out = self._retire(self._scaling.instances_to_retire(gen_s, train_s, n))
+            out = self._retire(self._scaling.instances_to_retire(gen_s, train_s, n, time_s=now_s))
         self._scale_pending = bool(out)
         return out
