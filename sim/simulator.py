@@ -3,8 +3,8 @@
 The controller (``policies.modes``) decides; this module only executes its commands in
 simulated time and feeds back events, exactly as the live runtime does with real
 servers. Modelling assumptions of each part are in the docstrings of ``sim.engine``,
-``sim.trainer``, ``sim.costs`` and ``sim.workload``; weight pushes do not contend for
-links (one push per optimizer step), and a colocated context switch stalls every GPU.
+``sim.trainer``, ``sim.costs``, ``sim.pushes`` and ``sim.workload``; pushes over one
+cross-datacenter link queue (``sim.links``), and a colocated context switch stalls every GPU.
 """
 
 from __future__ import annotations
@@ -47,22 +47,23 @@ from policies.modes.events import (
 from policies.protocols import Device, LengthPredictor
 from policies.records import (
     Completion,
-    InflightHandling,
     Request,
     SampleRecord,
     Span,
     SpanKind,
     StepStats,
 )
-from policies.resources import TRAINER, link_resource
+from policies.resources import TRAINER
 from policies.results import RunResult, compute_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from sim import scaling
 from sim.cluster import kv_too_small, resolve_cluster
-from sim.costs import build_cost_model, link_transfer_s
+from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
+from sim.links import Links
+from sim.pushes import WeightPushes
 from sim.run_loop import few_collections, run_until_done, stall_report
 from sim.scheduler import SequenceTooLong
 from sim.sequence import engine_limits
@@ -147,6 +148,10 @@ class _World:
         self.instances: dict[int, _Instance] = {}
         self.completions: dict[int, Completion] = {}
         self.spans: list[Span] = []
+        links = Links(self.env, self.spans.append)
+        self.pushes = WeightPushes(
+            self.cost, spec.cluster.network, self.cluster.trainer.datacenter, links
+        )
         self.steps: list[StepStats] = []
         self.trainer = self._make_trainer()  # before the instances: they ask if it is busy
         for pool in self.cluster.generation:
@@ -283,34 +288,7 @@ class _World:
         return StepUpdate(stats, samples, tuple(spans), num_steps=self.spec.run.iterations)
 
     def _push_weights(self, command: PushWeights) -> None:
-        num_bytes = self.cost.weight_bytes
-        source = self.cluster.trainer.datacenter
-        used_links: set[str] = set()
-        for inst in self.instances.values():
-            if inst.retired_s is not None:
-                continue
-            transfer = self._transfer_s(num_bytes, source, inst.pool.datacenter)
-            load = self.cost.weight_load_s(Device(inst.pool.hardware, inst.pool.tp))
-            in_flight = command.inflight != InflightHandling.BARRIER
-            pause = (transfer if in_flight else 0.0) + load
-            inst.engine.push_weights(
-                command.version, command.inflight, to_ticks(pause), to_ticks(transfer)
-            )
-            link = link_resource(source, inst.pool.datacenter)
-            if link not in used_links:
-                used_links.add(link)
-                now = to_seconds(self.env.now)
-                self.spans.append(
-                    Span(link, SpanKind.WEIGHT_SYNC, now, now + transfer, command.version - 1, None)
-                )
-
-    def _transfer_s(self, num_bytes: float, source: str, target: str) -> float:
-        """The cost model's local push, plus any cross-datacenter link by its bandwidth."""
-        net = self.spec.cluster.network
-        local = self.cost.weight_transfer_s(num_bytes, net.intra_dc_gbps, net.latency_s)
-        if source == target:
-            return local
-        return local + link_transfer_s(num_bytes, net.inter_dc_gbps, net.latency_s)
+        self.pushes.push(list(self.instances.values()), command)
 
     def _switch_context(self, command: SwitchContext) -> None:
         self.env.process(self._switch_proc(command))
