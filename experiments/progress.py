@@ -11,6 +11,7 @@ and ``run_live``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from rich.console import Console
@@ -27,6 +28,7 @@ from policies.logs import is_tandem
 from policies.tracking import StepUpdate
 
 STATUS_WIDTH = 60
+PLAIN_EVERY_S = 30.0  # without a terminal: a progress line at most this often
 QUIET_LOGGERS = ("experiments.tracking",)  # its per-step lines are the bar's own fields
 
 
@@ -62,10 +64,18 @@ def step_fields(samples: int, update: StepUpdate) -> str:
 
 
 class RunProgress:
-    """A bar over ``total`` steps (None: unknown); a context manager."""
+    """A bar over ``total`` steps (None: unknown); a context manager. Without a terminal
+    (CI, nohup) rich draws no bar until the end, so a plain line with the same fields is
+    printed instead, at most every ``plain_every_s`` seconds of ``clock``."""
 
     def __init__(
-        self, console: Console, label: str, total: int | None = None, transient: bool = False
+        self,
+        console: Console,
+        label: str,
+        total: int | None = None,
+        transient: bool = False,
+        plain_every_s: float = PLAIN_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.console = console
         self.label = label
@@ -75,6 +85,12 @@ class RunProgress:
         self._bar: Progress | None = None
         self._task = None
         self._handler = StatusHandler(self.status)
+        self._plain_every_s = plain_every_s
+        self._clock = clock
+        self._start_s = self._last_plain_s = 0.0
+        self._done = 0
+        self._fields = ""
+        self._now = ""
 
     def __enter__(self) -> RunProgress:
         self._bar = Progress(
@@ -89,6 +105,7 @@ class RunProgress:
         )
         self._bar.start()
         self._task = self._bar.add_task(self.label, total=self.total, stats="")
+        self._start_s = self._last_plain_s = self._clock()
         logging.getLogger().addHandler(self._handler)
         return self
 
@@ -102,6 +119,8 @@ class RunProgress:
         if self._bar is not None:
             text = text if len(text) <= STATUS_WIDTH else text[: STATUS_WIDTH - 1] + "…"
             self._bar.update(self._task, description=f"{self.label} · {text}")
+            self._now = text
+            self._plain_line()
 
     def advance(self, text: str | None = None) -> None:
         """One unit of work done (a measurement, a build step)."""
@@ -109,6 +128,7 @@ class RunProgress:
             self.status(text)
         if self._bar is not None:
             self._bar.advance(self._task)
+            self._done += 1
 
     def set_total(self, total: int) -> None:
         if self._bar is not None:
@@ -118,7 +138,21 @@ class RunProgress:
         """An ``on_step`` callback: one step done; samples, reward and lag shown."""
         self.num_samples += update.stats.num_samples
         if self._bar is not None:
-            self._bar.update(self._task, advance=1, stats=step_fields(self.num_samples, update))
+            self._fields = step_fields(self.num_samples, update)
+            self._bar.update(self._task, advance=1, stats=self._fields)
+            self._done += 1
+            self._plain_line()
+
+    def _plain_line(self) -> None:
+        """Without a terminal, what the bar shows as one line, if it is time for one."""
+        now_s = self._clock()
+        if self.console.is_terminal or now_s - self._last_plain_s < self._plain_every_s:
+            return
+        self._last_plain_s = now_s
+        steps = f"{self._done}/{self.total}" if self.total is not None else str(self._done)
+        parts = [self.label, f"{steps} steps", self._fields, self._now]
+        parts.append(f"{now_s - self._start_s:.0f} s")
+        self.console.print(" · ".join(p for p in parts if p), highlight=False, soft_wrap=True)
 
 
 def chain(*callbacks: Callable[[StepUpdate], None] | None) -> Callable[[StepUpdate], None]:

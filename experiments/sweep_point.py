@@ -95,7 +95,7 @@ def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> Row
         else:
             with run_log(out_dir):
                 result = Simulation(spec, ranker=ranker_for(spec)).run()
-                result.save(out_dir)
+                result.save(out_dir, trace_by_default=False)
         row.update(result.metrics)
         row["error"] = None
     except Exception as err:  # noqa: BLE001 - one failing point must not lose the others

@@ -18,9 +18,11 @@ of instance, simply the least tokens).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -72,9 +74,31 @@ class RoundRobinDispatch:
         return out
 
 
+@dataclass(frozen=True, order=True, slots=True)
+class _Entry:
+    """A heap entry: an instance's load when pushed and its position in its group (the
+    tie-break); ``version`` tells a stale entry (the instance took work since)."""
+
+    tokens: float
+    count: float
+    position: int
+    instance_id: int = field(compare=False)
+    version: int = field(compare=False)
+
+
+@dataclass(slots=True)
+class _Group:
+    """Instances a pick is made among, with their positions (first listed wins a tie)."""
+
+    ids: list[int]
+    positions: dict[int, int]
+    heap: list[_Entry]
+
+
 class _Loads:
     """Predicted work per instance while a batch is being assigned; with ``weights`` (an
-    instance's seconds a token relative to the fastest's) the work is priced in time."""
+    instance's seconds a token relative to the fastest's) the work is priced in time.
+    Each group of instances asked about keeps a heap, so a pick is O(log n), not O(n)."""
 
     def __init__(
         self, instances: Sequence[InstanceView], weights: dict[int, float] | None = None
@@ -82,22 +106,42 @@ class _Loads:
         self.tokens = {v.instance_id: v.assigned_tokens for v in instances}
         self.count = {v.instance_id: v.num_assigned for v in instances}
         self._weights = weights
+        self._version = dict.fromkeys(self.tokens, 0)
+        self._groups: list[_Group] = []
 
-    def lightest(self, ids: Sequence[int]) -> int:
-        """The least loaded of ``ids``; ties go to the one listed first."""
-        pos = min(range(len(ids)), key=lambda k: (*self._load(ids[k]), k))
-        return ids[pos]
+    def lightest(self, ids: list[int]) -> int:
+        """The least loaded of ``ids`` (by load, then by count); ties go to the one listed
+        first. ``ids`` is a group: the same list object, unchanged, on every call."""
+        heap = self._group_of(ids).heap
+        while heap[0].version != self._version[heap[0].instance_id]:
+            heapq.heappop(heap)  # pushed before the instance took more work
+        return heap[0].instance_id
 
-    def _load(self, instance_id: int) -> tuple[float, float]:
+    def _group_of(self, ids: list[int]) -> _Group:
+        for group in self._groups:
+            if group.ids is ids:
+                return group
+        heap = [self._entry(i, k) for k, i in enumerate(ids)]
+        heapq.heapify(heap)
+        group = _Group(ids, {i: k for k, i in enumerate(ids)}, heap)
+        self._groups.append(group)
+        return group
+
+    def _entry(self, instance_id: int, position: int) -> _Entry:
         tokens, count = self.tokens[instance_id], self.count[instance_id]
-        if self._weights is None:
-            return tokens, count
-        weight = self._weights[instance_id]
-        return tokens * weight, count * weight
+        if self._weights is not None:
+            weight = self._weights[instance_id]
+            tokens, count = tokens * weight, count * weight
+        return _Entry(tokens, count, position, instance_id, self._version[instance_id])
 
     def add(self, instance_id: int, request: Request) -> None:
         self.tokens[instance_id] += request.predicted_tokens or 0.0
         self.count[instance_id] += 1
+        self._version[instance_id] += 1
+        for group in self._groups:  # every group holding it (there are one or two)
+            position = group.positions.get(instance_id)
+            if position is not None:
+                heapq.heappush(group.heap, self._entry(instance_id, position))
 
 
 @DISPATCH.register("least-loaded")

@@ -47,6 +47,14 @@ class Request:
     predicted_tokens: float | None = None
     prompt: str | None = None  # the prompt text (live); None in the simulator
 
+    def with_prediction(self, predicted_tokens: float | None) -> Request:
+        """This request with ``predicted_tokens``: ``dataclasses.replace`` at a tenth of
+        its cost (once a sample, hot at scale); every field is passed on."""
+        return Request(
+            self.sample_id, self.prompt_id, self.group_id, self.iteration,
+            self.prompt_tokens, self.max_tokens, predicted_tokens, self.prompt,
+        )  # fmt: skip
+
 
 @dataclass(slots=True)
 class Completion:

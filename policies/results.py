@@ -27,7 +27,8 @@ import os
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -199,15 +200,10 @@ class RunResult:
     cpu_timeline: list[dict[str, float]] = field(default_factory=list)
 
     def samples_frame(self) -> Any:
-        import pandas as pd
-
-        return pd.DataFrame([asdict(s) for s in self.samples], columns=SAMPLE_COLUMNS)
+        return _frame(self.samples, SAMPLE_COLUMNS)
 
     def spans_frame(self) -> Any:
-        import pandas as pd
-
-        rows = [{**asdict(s), "kind": str(s.kind)} for s in self.spans]
-        frame = pd.DataFrame(rows, columns=SPAN_COLUMNS)
+        frame = _frame(self.spans, SPAN_COLUMNS, {"kind": str})
         return frame.astype({"iteration": "Int64", "batch_size": "Int64"})
 
     def cpu_frame(self) -> Any:
@@ -262,15 +258,20 @@ class RunResult:
                 gone.append(name)
         return gone
 
-    def save(self, out_dir: str | Path, write_spec: bool = True) -> Path:
-        """Write spec.yaml, metrics.json, samples.parquet, events.parquet, steps.json,
-        cpu_timeline.csv (live) and trace.json (each atomically); ``write_spec=False``
-        leaves the directory's spec.yaml as it is (a resumed live run)."""
+    def save(
+        self, out_dir: str | Path, write_spec: bool = True, trace_by_default: bool = True
+    ) -> Path:
+        """Write spec.yaml, samples.parquet, events.parquet, steps.json, cpu_timeline.csv
+        (live), trace.json (``run.trace``; unset: ``trace_by_default``) and, last, the
+        completion marker metrics.json (each atomically): a directory with metrics.json
+        holds the whole result. ``write_spec=False`` leaves the directory's spec.yaml as it
+        is (a resumed live run)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        log.info("writing results to %s…", out)
+        (out / "metrics.json").unlink(missing_ok=True)  # an earlier part's: not complete now
         if write_spec:
             write_atomic(out / "spec.yaml", self.spec.to_yaml().encode())
-        write_atomic(out / "metrics.json", json.dumps(self.metrics, indent=2).encode())
         write_atomic(out / "samples.parquet", _parquet_bytes(self.samples_frame()))
         write_atomic(out / "events.parquet", _parquet_bytes(self.spans_frame()))
         if self.steps:
@@ -278,7 +279,12 @@ class RunResult:
             write_atomic(out / "steps.json", json.dumps(steps, indent=2).encode())
         if self.cpu_timeline:
             write_atomic(out / CPU_TIMELINE_FILE, self.cpu_frame().to_csv(index=False).encode())
-        self._save_trace(out / "trace.json")
+        trace = self.spec.run.trace
+        if trace if trace is not None else trace_by_default:
+            self._save_trace(out / "trace.json")
+        else:  # never an earlier run's beside these results
+            (out / "trace.json").unlink(missing_ok=True)
+        write_atomic(out / "metrics.json", json.dumps(self.metrics, indent=2).encode())
         return out
 
     def _save_trace(self, path: Path) -> None:
@@ -292,6 +298,22 @@ class RunResult:
         write_atomic(path, data)
         took_s = time.perf_counter() - start_s
         log.info("wrote %s (%.1f MB) in %.1f s", path.name, len(data) / 1e6, took_s)
+
+
+def _frame(
+    records: list[Any], names: list[str], convert: dict[str, Callable[[Any], Any]] | None = None
+) -> Any:
+    """The records' fields as a frame, built column by column: the frame ``asdict`` row by
+    row gave (the fields are scalars, strings or tuples of ints) at a fraction of the cost;
+    ``convert`` maps a column's values (an enum to its text)."""
+    import pandas as pd
+
+    if not records:  # object columns, as a frame of no rows had
+        return pd.DataFrame([], columns=names)
+    columns = {name: [getattr(r, name) for r in records] for name in names}
+    for name, fn in (convert or {}).items():
+        columns[name] = [fn(v) for v in columns[name]]
+    return pd.DataFrame(columns, columns=names)
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:

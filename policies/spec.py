@@ -46,6 +46,13 @@ class RunSection(_Section):
         "RUN_DIR/mlruns unless MLFLOW_TRACKING_URI is set); wandb and mlflow are extras",
     )
 
+    trace: bool | None = Field(
+        None,
+        description="write trace.json (tens of MB at scale; `tandem trace RUN` writes it "
+        "later from the run's parquet files); unset: yes for `tandem run`, no for a sweep's "
+        "points",
+    )
+
     @field_validator("name", mode="before")
     @classmethod
     def _one_directory_name(cls, value: Any) -> str:

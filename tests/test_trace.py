@@ -102,6 +102,7 @@ def test_saving_says_before_and_after_writing_the_trace(tmp_path, caplog):
         result.save(tmp_path)
     lines = [r.getMessage() for r in caplog.records if r.name == "policies.results"]
     spans, samples = len(result.spans), len(result.samples)
-    assert lines[0] == f"writing trace.json ({spans} spans, {samples} samples)…"
+    assert lines[0] == f"writing results to {tmp_path}…"  # the parquet files first
+    assert lines[1] == f"writing trace.json ({spans} spans, {samples} samples)…"
     size_mb = (tmp_path / "trace.json").stat().st_size / 1e6
-    assert re.fullmatch(rf"wrote trace\.json \({size_mb:.1f} MB\) in \d+\.\d s", lines[1])
+    assert re.fullmatch(rf"wrote trace\.json \({size_mb:.1f} MB\) in \d+\.\d s", lines[2])

@@ -3,7 +3,6 @@ and the registry of modes, each a controller class with its traits."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
@@ -99,7 +98,7 @@ class Controller:
 
     def _predict(self, requests: list[Request]) -> list[Request]:
         preds = self._predictor.predict(requests)
-        return [dataclasses.replace(r, predicted_tokens=p) for r, p in zip(requests, preds)]
+        return [r.with_prediction(p) for r, p in zip(requests, preds)]
 
     def _dispatch_to(
         self, requests: Sequence[Request], views: Sequence[InstanceView]
