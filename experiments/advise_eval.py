@@ -21,6 +21,7 @@ from typing import Any
 
 from experiments.advise_space import Candidate, candidate_spec
 from experiments.predictors import ranker_for
+from policies.logs import held_warnings
 from policies.modes import MODES
 from policies.spec import RunSpec
 from runtime.lifetime import die_with_parent
@@ -128,7 +129,8 @@ def run_candidate(base: RunSpec, c: Candidate, iterations: int) -> Evaluation:
         spec = spec.model_copy(
             update={"run": spec.run.model_copy(update={"iterations": iterations})}
         )
-        result = Simulation(spec, ranker=_ranker(spec)).run()
+        with held_warnings():  # the search's own runs: advice.md lists the advice's warnings
+            result = Simulation(spec, ranker=_ranker(spec)).run()
     except Exception as err:  # noqa: BLE001 - reported with the candidate, not raised
         detail = traceback.format_exc(limit=2).strip().splitlines()[-1]
         return Evaluation(

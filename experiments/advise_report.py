@@ -253,6 +253,9 @@ def _caveats(advice: Advice) -> list[str]:
         "steer the search, the tables hold full runs.",
         "- Ruling out relies on the largest errors of the estimates seen so far, not on a proof.",
     ]
+    from sim.cluster import check_sim_run
+
+    out += [f"- {warning}" for warning in check_sim_run(advice.best_spec)]  # as tandem run says
     if (tp := advice.best.structure.tp) > 1:
         out.append(
             f"- The advice runs tp {tp}. The simulator does not price tensor-parallel "

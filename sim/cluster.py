@@ -29,22 +29,26 @@ def resolve_cluster(
     cost: SimCostModel,
     workload: Workload,
     allocation: AllocationPolicy,
-    warnings: list[str] | None = None,
 ) -> ClusterSection:
     """The cluster that runs: colocated modes share every GPU, allocation may re-split it
-    (and stays on as the scaling rule of ``elastic``). What is worth a warning is logged,
-    or appended to ``warnings`` where given (nothing is logged then)."""
+    (and stays on as the scaling rule of ``elastic``). What is worth a warning is logged
+    (:func:`check_sim_run` holds it back and returns it)."""
     cluster = spec.cluster
     check_cluster(cluster, cost)
     check_kv_fit(spec, cost, workload, mode.colocated)
     if mode.colocated:
         _check_one_gpu_group(cluster, spec.pipeline.mode)
     trainer_gpus = total_gpus(cluster) if mode.colocated else cluster.trainer.num_gpus
-    warning = check_trainer_memory(cost, cluster.trainer.hardware, trainer_gpus)
-    if warning is not None and warnings is not None:
-        warnings.append(warning)
-    elif warning is not None:
+    if warning := check_trainer_memory(cost, cluster.trainer.hardware, trainer_gpus):
         log.warning("%s", warning)
+    for i, pool in enumerate(cluster.generation):
+        if pool.tp > GPUS_PER_MACHINE:
+            log.warning(
+                "cluster.generation.%d.tp: %d spans more than one %d-GPU machine; the simulator "
+                "prices no tensor-parallel communication (docs/sim-engine.md), which across "
+                "machines is slow, so such an instance is simulated faster than it runs",
+                i, pool.tp, GPUS_PER_MACHINE,
+            )  # fmt: skip
     if mode.colocated:
         pool = cluster.generation[0]
         total = total_gpus(cluster)
@@ -89,6 +93,7 @@ def _check_one_gpu_group(cluster: ClusterSection, mode: str) -> None:
 # weights and gradients stay on the GPUs (4 bytes) even with the optimizer offloaded to the
 # host; fp32 master weights and Adam's two moments add 12 more. Activations come on top.
 ON_GPU_BYTES_PER_PARAM = 4
+GPUS_PER_MACHINE = 8  # hardware.csv prices 8-GPU machines; tp beyond one crosses machines
 FULL_STATE_BYTES_PER_PARAM = 16
 
 
@@ -155,12 +160,11 @@ def check_sim_run(spec: RunSpec) -> list[str]:
     trainer's memory, a colocated mode's GPUs, the allocation policy's pools). Returns what
     the run will warn about (a trainer that fits only with its optimizer offloaded, a cost
     model that does not record its setup), without logging it: the run itself logs it."""
-    warnings: list[str] = []
     with held_warnings() as held:
         workload = Workload(spec, RngStreams(spec.run.seed))
         cost = build_cost_model(spec)
-        resolve_cluster(spec, mode_of(spec), cost, workload, build_allocation(spec), warnings)
-    return [*warnings, *held]
+        resolve_cluster(spec, mode_of(spec), cost, workload, build_allocation(spec))
+    return held
 
 
 def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload, colocated: bool) -> None:

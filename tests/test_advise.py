@@ -193,5 +193,22 @@ def test_advice_at_tp_above_1_says_tp_communication_is_not_priced(advice):
         best = replace(advice.best, structure=replace(advice.best.structure, tp=tp))
         return advice_markdown(replace(advice, best=best), full_runs(evaluations_frame(advice)))
 
-    assert "does not price tensor-parallel communication" in text(8)
+    assert "does not price tensor-parallel communication" in text(4)
     assert "tensor-parallel communication" not in text(1)
+
+
+def test_advice_lists_what_tandem_run_would_warn_of_its_spec(advice, monkeypatch):
+    """The search's own runs keep their warnings to themselves (a tp-16 axis printed one per
+    candidate); the advised spec's are in advice.md, as ``tandem run best.yaml`` gives them."""
+    from experiments.advise_report import advice_markdown, evaluations_frame, full_runs
+
+    checked = []
+
+    def check(spec):
+        checked.append(spec)
+        return ["cluster.generation.0.tp: 16 spans more than one 8-GPU machine"]
+
+    monkeypatch.setattr("sim.cluster.check_sim_run", check)
+    text = advice_markdown(advice, full_runs(evaluations_frame(advice)))
+    assert "- cluster.generation.0.tp: 16 spans more than one 8-GPU machine" in text
+    assert checked == [advice.best_spec]

@@ -153,3 +153,19 @@ def test_a_sweep_still_reports_the_offload_warning_once(caplog):
     with caplog.at_level(logging.WARNING):
         check_point_specs(base, [{"run.seed": s} for s in range(3)])
     assert caplog.text.count("only with the optimizer offloaded") == 1
+
+
+def test_a_pool_whose_tp_spans_machines_is_warned_about_once(tmp_path, capsys):
+    """Seen: ``streamrl-72b --set cluster.generation.0.tp=16`` (two 8-GPU machines an
+    instance, no tensor-parallel communication priced) ran without a word."""
+    spec = small_spec(
+        model__name="Qwen2.5-72B", cluster__generation__0__num_gpus=16,
+        cluster__generation__0__tp=16, cluster__trainer__num_gpus=16,
+    )  # fmt: skip
+    warnings = check_sim_run(spec)
+    assert [w for w in warnings if "cluster.generation.0.tp: 16 spans more than one" in w]
+    assert not [w for w in check_sim_run(small_spec()) if "spans more than one" in w]
+    path = tmp_path / "spec.yaml"
+    path.write_text(spec.to_yaml())
+    assert main(["run", str(path), "--set", "run.iterations=1", "--out", str(tmp_path / "r")]) == 0
+    assert _flat(capsys.readouterr().err).count("spans more than one 8-GPU machine") == 1
