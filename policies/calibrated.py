@@ -121,6 +121,10 @@ class CalibratedCosts:
     source: dict[str, Any]
     path: Path | None = None  # the cost_model.json, for errors
     setup: ProfiledSetup = field(default_factory=lambda: ProfiledSetup.of({}))
+    # the least time the profiled optimizer step spent on its sharded state (the simulator
+    # bounds it from first principles: ``sim.trained_model``); 0: unknown, the whole step
+    # is taken as a per-step cost
+    optimizer_state_s: float = 0.0
 
     @classmethod
     def load(cls, path: Path, target: ProfileTarget | None = None) -> CalibratedCosts:
@@ -153,7 +157,9 @@ class CalibratedCosts:
         """The profiled trainer's GPUs over ``device``'s: the tokens (and optimizer state)
         one of ``device``'s GPUs holds per token one profiled GPU held, under perfectly
         balanced data parallelism with a fully sharded optimizer (as the roofline model
-        assumes). 1 where the profile does not record its trainer (a warning said so)."""
+        assumes). 1 where the profile does not record its trainer (a warning said so).
+        Only per-token and per-parameter work scales by it: a fitted fixed term is a cost
+        every GPU pays at once (a forward or backward call, an optimizer step's overhead)."""
         profiled = self.setup.trainer_num_gpus
         return 1.0 if profiled is None else profiled / max(1, device.num_gpus)
 
@@ -195,7 +201,8 @@ class CalibratedCosts:
 
     def train_s(self, device: Device, num_tokens: int) -> float:
         """Forward and backward of ``num_tokens`` on ``device``: the profiled trainer's time
-        for the tokens one of its GPUs would hold (``training_share``); fixed terms stay."""
+        for the tokens one of its GPUs would hold (``training_share``). A fit's fixed term
+        (basis ``1``, per call) stays: each of ``device``'s GPUs pays it in parallel."""
         tokens = num_tokens * self.training_share(device)
         return self.fits["forward"](tokens=tokens) + self.fits["backward"](tokens=tokens)
 
@@ -209,8 +216,14 @@ class CalibratedCosts:
         return self.train_s(device, num_tokens) * max(1.0, fit(tokens=tokens))
 
     def optimizer_s(self, device: Device) -> float:
-        """The profiled optimizer step, its sharded state spread over ``device``'s GPUs."""
-        return self.fits["optimizer"]() * self.training_share(device)
+        """The profiled optimizer step on ``device``'s GPUs. The profile measured one
+        trainer size, so its step (a constant fit) cannot tell the work on the sharded
+        state, which spreads over the GPUs (``training_share``), from a per-step overhead
+        that does not (kernel launches for every tensor, each GPU holding a shard of each):
+        the part up to ``optimizer_state_s`` is taken as state work, the rest as overhead."""
+        measured = self.fits["optimizer"]()
+        state = min(measured, self.optimizer_state_s)
+        return measured - state + state * self.training_share(device)
 
     # -- weights ----------------------------------------------------------------------------
     # The profile times a whole push from the trainer's side (``weight_transfer``: pack,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -143,6 +144,12 @@ class LiveSection(Section):
         if self.weight_backend == "nccl" and self.device == "cpu":
             raise ValueError("live.weight_backend: nccl needs live.device cuda (or auto), not cpu")
         return self
+
+    @field_validator("cost_model")
+    @classmethod
+    def _absolute_cost_model(cls, value: str | None) -> str | None:
+        # absolute, as sim.cost_model's path, so that the saved spec.yaml runs from any directory
+        return None if value is None else os.path.abspath(value)
 
     @field_validator("server_urls")
     @classmethod

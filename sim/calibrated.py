@@ -3,20 +3,46 @@
 The operators' math lives in :class:`policies.calibrated.CalibratedCosts`, shared with
 live dispatch; this adapter adds the decode law in integer ticks that the engine
 fast-forwards, and prices a decode step through that law (so the sim's dispatch sees the
-very step times its engines take, rounded to ticks).
+very step times its engines take, rounded to ticks). Built for a spec, it knows the
+trained model (``sim.trained_model``): the trainer's memory is checked as the roofline
+model's is (``sim.cluster``), and the profiled optimizer step is split from first
+principles into the work on its sharded state, at most its traffic at peak HBM bandwidth
+(which spreads over the trainer's GPUs), and a per-step overhead (which does not).
 """
 
 from __future__ import annotations
 
-from policies.calibrated import CalibratedCosts
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from policies.calibrated import CalibratedCosts, ProfileTarget
 from policies.protocols import Device
+from policies.spec import RunSpec
+from sim.tables import hardware_of
 from sim.ticks import DecodeLaw, to_seconds, to_ticks
+from sim.trained_model import TrainedModel
 
 
+@dataclass(slots=True)
 class CalibratedCostModel(CalibratedCosts):
     """A :class:`CalibratedCosts` with the decode law in ticks (``sim.costs.SimCostModel``)."""
 
-    __slots__ = ()
+    trained: TrainedModel | None = None  # None: loaded without a spec (no memory check)
+
+    @classmethod
+    def for_spec(
+        cls, path: Path, spec: RunSpec, key: str = "sim.cost_model"
+    ) -> CalibratedCostModel:
+        """The cost model at ``path`` checked against ``spec`` (``CalibratedCosts.load``),
+        knowing the model it trains and the part of its optimizer step that is sharded."""
+        cost = cls.load(path, ProfileTarget.of(spec, key))
+        name = cost.setup.model or spec.model.name  # the profile's, checked to be the spec's
+        trained = TrainedModel.of_profile(
+            name, cost.weight_bytes, spec.algorithm.name, hardware_of(spec)
+        )
+        setup = cost.setup
+        state_s = trained.optimizer_state_s(setup.trainer_hardware, setup.trainer_num_gpus)
+        return replace(cost, trained=trained, optimizer_state_s=state_s)
 
     def decode_law(self, device: Device, n: int) -> DecodeLaw:
         return DecodeLaw(

@@ -15,9 +15,11 @@ from policies.modes import ModeTraits
 from policies.protocols import Device
 from policies.rng import RngStreams
 from policies.spec import RunSpec
+from sim.calibrated import CalibratedCostModel
 from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
 from sim.kv_cache import blocks_for
 from sim.sequence import engine_limits
+from sim.trained_model import TrainedModel
 from sim.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -97,16 +99,27 @@ GPUS_PER_MACHINE = 8  # hardware.csv prices 8-GPU machines; tp beyond one crosse
 FULL_STATE_BYTES_PER_PARAM = 16
 
 
+def trained_model(cost: SimCostModel) -> TrainedModel | None:
+    """The model ``cost`` trains, as far as memory goes: the roofline model's shape, or what
+    a calibrated model built for a spec knows (``CalibratedCostModel.for_spec``); None for
+    a calibrated model loaded without one."""
+    if isinstance(cost, RooflineCostModel):
+        m = cost.model
+        return TrainedModel(m.name, m.num_params, cost.num_trained_models, cost.gpu_table)
+    return cost.trained if isinstance(cost, CalibratedCostModel) else None
+
+
 def min_trainer_gpus(
     cost: SimCostModel, hardware_name: str, bytes_per_param: int = ON_GPU_BYTES_PER_PARAM
 ) -> int:
     """The fewest GPUs of ``hardware_name`` whose memory holds ``bytes_per_param`` for each
-    trained parameter (1 for a calibrated cost model, which knows no memory, and for
-    hardware hardware.csv does not list)."""
-    if not isinstance(cost, RooflineCostModel) or hardware_name not in cost.gpu_table:
+    trained parameter (1 where the model or the hardware is unknown: a calibrated model
+    loaded without a spec, hardware the table does not list, such as a CPU)."""
+    trained = trained_model(cost)
+    hw = None if trained is None else trained.gpu(hardware_name)
+    if trained is None or hw is None:
         return 1  # unknown: check_cluster's
-    hw = cost.gpu_table[hardware_name]
-    need = bytes_per_param * cost.model.num_params * cost.num_trained_models
+    need = bytes_per_param * trained.num_params * trained.num_trained_models
     return max(1, math.ceil(need / hw.hbm_bytes))
 
 
@@ -115,13 +128,14 @@ def check_trainer_memory(cost: SimCostModel, hardware_name: str, num_gpus: int) 
     warning when only an offloaded optimizer would fit (the simulator does not price
     offloading), or None."""
     key = "cluster.trainer.num_gpus"  # the trainer's, or in a colocated mode every GPU
-    if not isinstance(cost, RooflineCostModel):
+    trained = trained_model(cost)
+    if trained is None:
         return None
-    models = " for each of 2 models" if cost.num_trained_models > 1 else ""
+    models = " for each of 2 models" if trained.num_trained_models > 1 else ""
     floor = min_trainer_gpus(cost, hardware_name)
     if num_gpus < floor:
         raise ValueError(
-            f"{key}: {num_gpus} {hardware_name} GPU(s) cannot hold {cost.model.name}'s bf16 "
+            f"{key}: {num_gpus} {hardware_name} GPU(s) cannot hold {trained.name}'s bf16 "
             f"weights and gradients ({ON_GPU_BYTES_PER_PARAM} bytes a parameter{models}, "
             f"fully sharded); it needs at least {floor}"
         )
@@ -129,7 +143,7 @@ def check_trainer_memory(cost: SimCostModel, hardware_name: str, num_gpus: int) 
     if num_gpus >= full:
         return None
     return (
-        f"{key}: {num_gpus} {hardware_name} GPU(s) hold {cost.model.name}'s training state "
+        f"{key}: {num_gpus} {hardware_name} GPU(s) hold {trained.name}'s training state "
         f"({FULL_STATE_BYTES_PER_PARAM} bytes a parameter{models}) only with the optimizer "
         f"offloaded to the host, which the simulator does not price; {full} hold it all"
     )

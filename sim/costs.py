@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import pandas as pd
 
 from policies.protocols import Device
 from policies.sim_section import EfficiencySection
 from policies.spec import RunSpec
-from sim.decode_table import read_decode_table
+from sim.decode_table import SETUP_COLUMNS, check_decode_table_setup, read_decode_table
 from sim.models import Model, model_for
 from sim.tables import Hardware, hardware_of, hardware_table
 from sim.ticks import DecodeLaw, StepWork, to_seconds, to_ticks
@@ -213,13 +214,13 @@ class ProfiledCostModel(RooflineCostModel):
     """Decode step time interpolated from a measured table; other operations as roofline.
 
     The table is a CSV with ``batch_size`` and ``decode_step_ms`` (like StreamRL's
-    ``ptl_7b_h800.csv``); the step time is linear between points and extrapolated
-    linearly beyond the last two. Context length is not a column, so it has no effect.
+    ``ptl_7b_h800.csv``), read by ``sim.decode_table.read_decode_table``; the step time is
+    linear between points and extrapolated linearly beyond the last two. Context length
+    is not a column, so it has no effect.
     """
 
-    def __init__(self, table: Path, *args: object, **kwargs: object) -> None:
+    def __init__(self, frame: pd.DataFrame, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        frame = read_decode_table(table)
         self._bs = frame["batch_size"].to_numpy(float)
         self._ms = frame["decode_step_ms"].to_numpy(float)
 
@@ -262,13 +263,14 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
     if not path.exists():
         raise ValueError(f"sim.cost_model: profile {path} does not exist")
     if path.is_dir() or path.suffix == ".json":
-        from policies.calibrated import ProfileTarget, cost_model_path
+        from policies.calibrated import cost_model_path
         from sim.calibrated import CalibratedCostModel
 
-        path = cost_model_path(path, "sim.cost_model")
-        return CalibratedCostModel.load(path, ProfileTarget.of(spec, "sim.cost_model"))
+        return CalibratedCostModel.for_spec(cost_model_path(path, "sim.cost_model"), spec)
+    table = read_decode_table(path)
+    check_decode_table_setup(table, path, spec)
     return ProfiledCostModel(
-        path, model_for(spec.model), spec.sim.efficiency, spec.algorithm.name,
+        table, model_for(spec.model), spec.sim.efficiency, spec.algorithm.name,
         spec.algorithm.kl_coef > 0, hardware_of(spec),
     )  # fmt: skip
 
@@ -279,9 +281,9 @@ def describe_cost_model(spec: RunSpec) -> str:
     path = kind.removeprefix("profiled:")
     if kind.startswith("profiled:") and Path(path).suffix == ".csv":
         return (
-            f"decode steps interpolated from the measured table {path} (not checked against "
-            "the spec's model or hardware: the table names neither); prefill, training and "
-            "weight sync roofline-only from hardware.csv and the model's shape"
+            f"decode steps interpolated from the measured table {path} ({_table_check(path)}); "
+            "prefill, training and weight sync roofline-only from hardware.csv and the "
+            "model's shape"
         )
     if kind.startswith("profiled:"):
         return (
@@ -295,3 +297,15 @@ def describe_cost_model(spec: RunSpec) -> str:
         "StreamRL's H800 decode profile)"
     )
     return f"roofline-only from hardware.csv and the model's shape; {source}"
+
+
+def _table_check(path: str) -> str:
+    """How far a decode table was checked against the spec (``sim.decode_table``)."""
+    try:
+        columns = set(pd.read_csv(path, nrows=0).columns)
+    except (OSError, ValueError):
+        columns = set()
+    named = [c for c in SETUP_COLUMNS if c in columns]
+    if not named:
+        return "not checked against the spec's model or hardware: the table names neither"
+    return f"its {', '.join(named)} checked against the spec's"

@@ -89,12 +89,12 @@ def known_hardware() -> list[str]:
     return [*hardware_table(), CPU]
 
 
-def check_profile_info(profile: object, path: Path) -> list[str]:
+def check_profile_info(profile: object, path: Path) -> None:
     """A ValueError naming ``path`` and the key unless ``profile`` (profile.json) has
     ``weight_bytes`` and ``kv_capacity_tokens`` as positive numbers, ``model.name``,
     ``hardware.kind`` (known hardware), and the profiled generation tp and trainer
     (``hardware.tp``, ``trainer.hardware``, ``trainer.num_gpus``, or an older
-    ``tandem profile``'s ``spec.cluster``). Returns warnings (none so far)."""
+    ``tandem profile``'s ``spec.cluster``)."""
     if not isinstance(profile, dict):
         raise ValueError(f"{path}: not a JSON object")
     for key in PROFILE_KEYS:
@@ -109,7 +109,6 @@ def check_profile_info(profile: object, path: Path) -> list[str]:
         raise ValueError(f"{path}: kv_capacity_tokens is {profile['kv_capacity_tokens']!r}, "
                          "not a whole number of tokens")  # fmt: skip
     _check_setup(ProfiledSetup.of(profile), path)
-    return []
 
 
 def _check_setup(setup: ProfiledSetup, path: Path) -> None:

@@ -50,6 +50,9 @@ def test_training_scales_from_the_profiled_trainer_gpus_by_data_parallelism(tmp_
     assert profiled == pytest.approx(forward(1000) + backward(1000))
     # 8 GPUs each hold a quarter of what one of the 2 profiled GPUs held
     assert cost.train_s(Device("H800", 8), 1000) == pytest.approx(forward(250) + backward(250))
+    # the 12 ms step is below 7.6e9 parameters' Adam traffic on 2 H800s (36 ms): all of
+    # it is work on the sharded state (tests/test_calibration_scale.py splits a slower one)
+    cost = build_cost_model(_spec(_cost_model(tmp_path)))
     assert cost.optimizer_s(Device("H800", 8)) == pytest.approx(0.012 / 4)
     assert cost.optimizer_s(Device("H800", 2)) == pytest.approx(0.012)
 
