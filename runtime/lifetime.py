@@ -79,3 +79,17 @@ def start_deaf_to(process, signals: tuple[int, ...]) -> None:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def exit_without_finalizing(code: int) -> None:
+    """End the process now, once its work is done and its resources released, without the
+    interpreter's finalisation (a server: there, Triton's nanobind bindings, which vLLM
+    imports, print hundreds of "leaked type/function" lines on every stop). Logging and
+    the standard streams are flushed first; ``atexit`` handlers do not run."""
+    import logging
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

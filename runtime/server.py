@@ -54,6 +54,7 @@ from runtime.engine_watch import stall_s_from_env
 from runtime.guard import Guard, GuardPolicy
 from runtime.http_pool import SERVER_KEEP_ALIVE_S
 from runtime.lease import LeaseHeld, RunLease, lease_s_from_env
+from runtime.lifetime import exit_without_finalizing
 from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
 from runtime.route_errors import RouteError, install_route_errors
 from runtime.vllm_plugin import SPIN_ENV
@@ -382,6 +383,7 @@ def main() -> None:
         ns.model_dir, ns.host, ns.port, policy, ns.max_model_len, ns.max_num_seqs,
         ns.engine_spin_ms, ns.executor, ns.kv_cache_gib,
     )  # fmt: skip
+    exit_without_finalizing(0)  # else Triton's bindings list "leaked" types into the log
 
 
 if __name__ == "__main__":

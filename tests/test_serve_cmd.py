@@ -67,3 +67,38 @@ def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypat
     assert argv[argv.index("--max-num-seqs") + 1] == "64"
     assert argv[argv.index("--kv-cache-gib") + 1] == "0.25"
     assert "s3cret" not in " ".join(seen["argv"]) and seen["env"]["TANDEM_TOKEN"] == "s3cret"
+
+
+def test_exit_without_finalizing_flushes_output_and_skips_the_interpreters_finalisation():
+    """A stopped server leaves the interpreter at once: Triton's nanobind bindings (loaded
+    by vLLM) list hundreds of "leaked" types into its log at finalisation."""
+    import subprocess
+    import sys
+
+    child = (
+        "import atexit, logging, sys\n"
+        "from runtime.lifetime import exit_without_finalizing\n"
+        "atexit.register(lambda: print('FINALISED', file=sys.stderr))\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "logging.warning('logged before the exit')\n"
+        "print('written, not yet flushed', end='')\n"
+        "exit_without_finalizing(3)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          cwd=root, timeout=60)  # fmt: skip
+    assert done.returncode == 3
+    assert done.stdout == "written, not yet flushed"
+    assert "logged before the exit" in done.stderr
+    assert "FINALISED" not in done.stderr
+
+
+def test_the_server_exits_without_finalizing_once_it_has_served(monkeypatch):
+    import runtime.server as server
+
+    seen = []
+    monkeypatch.setattr(server, "serve_main", lambda *a, **k: seen.append("served"))
+    monkeypatch.setattr(server, "exit_without_finalizing", lambda code: seen.append(code))
+    monkeypatch.setattr("sys.argv", ["runtime.server", "model", "--token", "t"])
+    server.main()
+    assert seen == ["served", 0]
