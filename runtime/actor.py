@@ -58,7 +58,7 @@ from policies.tracking import StepUpdate
 from runtime.actor_config import ActorConfig
 from runtime.checkpoints import CheckpointCadence
 from runtime.gen_client import Generated, GenerationClient, SampleFailed
-from runtime.graceful_stop import RunStopped, StopRequested
+from runtime.graceful_stop import RunStopped, StopDeadline, StopRequested
 from runtime.groups import GroupBook
 from runtime.jobs import Failed, JobQueue
 from runtime.recorder import Recorder
@@ -143,7 +143,7 @@ class Actor:
                 if isinstance(event, Failed):
                     raise event.error
                 if isinstance(event, StopRequested):
-                    await self._stop()
+                    await self._stop(event.deadline)
                 if isinstance(event, Lost):
                     await self._execute(await self.faults.handle_lost(event))
                     continue
@@ -153,18 +153,20 @@ class Actor:
             for t in list(self._tasks):
                 t.cancel()
 
-    def request_stop(self) -> None:
-        """Stop the run with its last trained step checkpointed (runtime.graceful_stop)."""
-        self._events.put_nowait(StopRequested())
+    def request_stop(self, deadline: StopDeadline | None = None) -> None:
+        """Stop the run with its last trained step checkpointed by ``deadline`` (default:
+        ``stop_grace_s`` from now; runtime.graceful_stop)."""
+        grace_s = self.config.stop_grace_s
+        self._events.put_nowait(StopRequested(deadline or StopDeadline.from_now(grace_s)))
 
-    async def _stop(self) -> None:
+    async def _stop(self, deadline: StopDeadline) -> None:
         """Let the trainer's job in progress finish and start no other (the lock is never
         given back); checkpoint the last completed step if the cadence skipped it. Past
-        ``stop_grace_s`` the run stops without that checkpoint (runtime.graceful_stop)."""
+        the deadline the run stops without that checkpoint (runtime.graceful_stop)."""
         try:
-            await asyncio.wait_for(self._stop_gracefully(), self.config.stop_grace_s)
+            await asyncio.wait_for(self._stop_gracefully(), deadline.remaining_s())
         except TimeoutError:
-            raise RunStopped(self.checkpoints.out_of_grace(self.config.stop_grace_s)) from None
+            raise RunStopped(self.checkpoints.out_of_grace(deadline.grace_s)) from None
         raise RunStopped("the run stopped on request, its last trained step checkpointed")
 
     async def _stop_gracefully(self) -> None:

@@ -16,20 +16,25 @@ from collections.abc import Callable
 
 from runtime.host_cpu import cpu_seconds
 
+OnRow = Callable[[dict[str, float]], None]  # a row as it is measured (runtime.cpu_rows_file)
+Reading = tuple[float, dict[str, float]]  # the clock's time, each role's CPU s since the last
+
 
 class CpuTimeline:
     """Reads each role's CPU seconds every ``interval_s`` of ``clock`` on a daemon thread,
-    from :meth:`start` to :meth:`stop`."""
+    from :meth:`start` to :meth:`stop`; ``on_row`` gets each row the moment it is read (on
+    that thread), e.g. to write it (:class:`runtime.cpu_rows_file.CpuRowsFile`)."""
 
     def __init__(
-        self, pids_by_role: dict[str, list[int]], clock: Callable[[], float], interval_s: float
-    ) -> None:
+        self, pids_by_role: dict[str, list[int]], clock: Callable[[], float], interval_s: float,
+        on_row: OnRow | None = None,
+    ) -> None:  # fmt: skip
         if interval_s <= 0:
             raise ValueError(f"CPU timeline interval must be > 0 s, not {interval_s}")
         self._roles = {role: list(pids) for role, pids in pids_by_role.items()}
-        self._clock, self._interval_s = clock, interval_s
+        self._clock, self._interval_s, self._on_row = clock, interval_s, on_row
         self._last: dict[int, float] = {}  # each process's CPU seconds at the last reading
-        self._readings: list[tuple[float, dict[str, float]]] = []
+        self._readings: list[Reading] = []
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-timeline", daemon=True)
 
@@ -47,6 +52,10 @@ class CpuTimeline:
                     self._last[pid] = now
             used[role] = total
         self._readings.append((self._clock(), used))
+        if self._on_row is not None and len(self._readings) > 1:
+            row = _row(self._readings[-2], self._readings[-1])
+            if row is not None:
+                self._on_row(row)
 
     def _loop(self) -> None:
         while not self._stopped.wait(self._interval_s):
@@ -66,13 +75,16 @@ class CpuTimeline:
         return self.rows()
 
     def rows(self) -> list[dict[str, float]]:
-        out = []
-        for (t0, _), (t1, used) in zip(self._readings, self._readings[1:]):
-            if t1 <= t0:
-                continue
-            cores = {role: round(s / (t1 - t0), 4) for role, s in used.items()}
-            out.append(
-                {"start_s": round(t0, 4), "end_s": round(t1, 4), **cores,
-                 "total": round(sum(cores.values()), 4)}
-            )  # fmt: skip
-        return out
+        pairs = zip(self._readings, self._readings[1:])
+        return [row for a, b in pairs if (row := _row(a, b)) is not None]
+
+
+def _row(before: Reading, after: Reading) -> dict[str, float] | None:
+    """The interval between two readings: ``start_s``, ``end_s``, the cores each role
+    used over it and their ``total``; None for an empty interval."""
+    (t0, _), (t1, used) = before, after
+    if t1 <= t0:
+        return None
+    cores = {role: round(s / (t1 - t0), 4) for role, s in used.items()}
+    return {"start_s": round(t0, 4), "end_s": round(t1, 4), **cores,
+            "total": round(sum(cores.values()), 4)}  # fmt: skip

@@ -12,11 +12,16 @@ and lets the command's handler note which signal came). A second signal unwinds 
 and so does a stop whose job in progress and checkpoint take longer than
 ``live.stop_grace_s`` (default 60 s): it says plainly that it did not checkpoint and which
 step the run resumes after (:meth:`runtime.step_checkpoints.StepCheckpoints.out_of_grace`).
+The grace is one deadline for the whole stop (:class:`StopDeadline`), set when the first
+signal comes: the actor's wait takes what is left of it, and so does the teardown's wait
+for the trainer to end its call and its checkpoint, so a stop out of grace ends about
+``live.stop_grace_s`` after the signal (it took twice that when each waited a whole grace).
 
-The trainer process ignores SIGINT and SIGTERM (``runtime.lifetime``): a signal sent to the
-whole process group (``kill -TERM -PGID``, Slurm, a container's init) reaches the command,
-which stops the trainer once the stop's checkpoint is written; it still dies with the
-command (``PR_SET_PDEATHSIG``). The servers the run starts are process groups of their own,
+The trainer process ignores SIGINT and SIGTERM (``runtime.lifetime``; on Ray each trainer
+rank does: ``runtime.ray_actors.TrainerRank``): a signal sent to the whole process group
+(``kill -TERM -PGID``, Slurm, a container's init) reaches the command, which stops the
+trainer once the stop's checkpoint is written; it still dies with the command
+(``PR_SET_PDEATHSIG``). The servers the run starts are process groups of their own,
 out of reach of such a signal; one that dies anyway is a lost server, and the stop's
 checkpoint, the trainer's alone, is written all the same.
 
@@ -32,6 +37,7 @@ import asyncio
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType, TracebackType
@@ -41,8 +47,30 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass(frozen=True, slots=True)
+class StopDeadline:
+    """When a stop must be over: ``grace_s`` (``live.stop_grace_s``) after it began, on
+    ``time.monotonic()``'s clock. Made once, as the stop begins; every wait of the stop
+    (the actor's, the teardown's) takes :meth:`remaining_s`."""
+
+    grace_s: float
+    at_s: float
+
+    @classmethod
+    def from_now(cls, grace_s: float) -> StopDeadline:
+        return cls(grace_s, time.monotonic() + grace_s)
+
+    def remaining_s(self) -> float:
+        return max(0.0, self.at_s - time.monotonic())
+
+
+@dataclass(frozen=True, slots=True)
 class StopRequested:
     """The actor loop's event for a stop request (:meth:`runtime.actor.Actor.request_stop`)."""
+
+    deadline: StopDeadline
+
+
+OnStop = Callable[[StopDeadline], None]  # the listener of a stop request (the actor's)
 
 
 class RunStopped(BaseException):
@@ -55,12 +83,16 @@ class RunStopped(BaseException):
 
 class StopRequests:
     """While active, SIGINT and SIGTERM call the listener (see the module) instead of
-    their handlers; without one, or the second time, the handler that was there before."""
+    their handlers; without one, or the second time, the handler that was there before.
+    The first one starts the stop's :attr:`deadline`, ``grace_s`` (``live.stop_grace_s``)
+    from then."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float) -> None:
         self.signum: int | None = None  # the signal that asked for the stop, if one did
+        self.grace_s = grace_s
+        self.deadline: StopDeadline | None = None  # set by the first stop signal
         self._previous: dict[int, Any] = {}
-        self._listener: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
+        self._listener: tuple[asyncio.AbstractEventLoop, OnStop] | None = None
 
     def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():
@@ -78,9 +110,10 @@ class StopRequests:
             self._deliver()
 
     @contextlib.contextmanager
-    def listening(self, on_request: Callable[[], None]) -> Iterator[None]:
+    def listening(self, on_request: OnStop) -> Iterator[None]:
         """For the block (inside the running event loop), a stop signal calls ``on_request``
-        in the loop. A request the block did not end on is delivered after it."""
+        with the stop's deadline in the loop. A request the block did not end on is
+        delivered after it."""
         self._listener = (asyncio.get_running_loop(), on_request)
         try:
             yield
@@ -90,14 +123,20 @@ class StopRequests:
             self._restore()
             self._deliver()
 
+    def grace_left_s(self, otherwise_s: float) -> float:
+        """What is left of the stop's deadline; ``otherwise_s`` where no stop began."""
+        return otherwise_s if self.deadline is None else self.deadline.remaining_s()
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.deadline is None:
+            self.deadline = StopDeadline.from_now(self.grace_s)
         if self._listener is None or self.signum is not None:
             self._restore()
             self._previous_handler(signum)(signum, frame)  # unwinds at once, as before
             return
         self.signum = signum
         loop, on_request = self._listener
-        loop.call_soon_threadsafe(on_request)
+        loop.call_soon_threadsafe(on_request, self.deadline)
 
     def _deliver(self) -> None:
         """The stop's signal to the handler before (it raises KeyboardInterrupt)."""

@@ -124,7 +124,7 @@ def run_live(
     run_dir = RunDir(Path(out_dir), ray_address)
     run_dir.prepare(spec, force_new_spec)  # before anything starts
     try:
-        with run_log(run_dir.path), StopRequests() as stops:
+        with run_log(run_dir.path), StopRequests(spec.live.stop_grace_s) as stops:
             if run_dir.finished(spec):
                 log.info("%s holds this run, finished: its results as they are", run_dir.path)
                 return RunResult.load(run_dir.path)
@@ -170,7 +170,9 @@ def _run_processes(
     except (ProcessDied, TrainerFailed) as err:  # the run goes on from its checkpoint
         raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
     finally:
-        trainer.stop(spec.live.stop_grace_s)  # its last checkpoint may still be writing
+        # its last checkpoint may still be writing; a stop's grace is one deadline, not two
+        grace_s = spec.live.stop_grace_s
+        trainer.stop(stops.grace_left_s(grace_s) if stops is not None else grace_s)
         for s in started:
             stop_server(s)
         servers.stop_all()  # restarted ones too

@@ -65,6 +65,16 @@ def start_deaf_to_stop_signals(process) -> None:  # a multiprocessing process, n
     start_deaf_to(process, (signal.SIGINT, signal.SIGTERM))
 
 
+def deaf_to_stop_signals() -> None:
+    """This process ignores SIGINT and SIGTERM from now on, as a process started by
+    :func:`start_deaf_to_stop_signals` does: for one that the command does not start itself
+    (a trainer rank, a Ray worker, whose own handler turns SIGTERM into an exit). Outside
+    the main thread nothing changes (only it may set handlers)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def start_deaf_to(process, signals: tuple[int, ...]) -> None:
     """Start ``process`` ignoring ``signals`` for its whole life (see above); they are
     blocked here meanwhile, so one sent in that instant waits for this process's handler."""

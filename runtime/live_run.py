@@ -33,7 +33,8 @@ from policies.tracking import StepUpdate
 from runtime.actor import Actor, ActorConfig
 from runtime.attach import inference_key
 from runtime.cost import live_cost_model
-from runtime.cpu_timeline import CpuTimeline
+from runtime.cpu_rows_file import CpuRowsFile
+from runtime.cpu_timeline import CpuTimeline, OnRow
 from runtime.gen_client import GenerationClient
 from runtime.graceful_stop import StopRequests
 from runtime.history import resume_position
@@ -52,7 +53,6 @@ log = logging.getLogger(__name__)
 
 AfterStep = Callable[[int], Awaitable[None]]
 OnStep = Callable[[StepUpdate], None]
-KeepRows = Callable[[list[dict[str, float]]], None]  # CPU timeline rows of a stopped part
 
 
 class ResumablePrompts:
@@ -169,9 +169,9 @@ async def drive(
             startup["startup_s"] = process_age_s()  # the process's start to the clock's
             cpu_before = _cpu(trainer, servers) if host_cpu else {}
             actor.start_clock(time_offset_s)
-            keep = _stopped_cpu_rows(run_dir, offset, time_offset_s)
+            cpu_file = run_dir.cpu_rows_file(offset, time_offset_s) if host_cpu else None
             end_s, cpu_rows = await _run_clocked(
-                spec, actor, trainer, servers, offset, host_cpu, keep, stops
+                spec, actor, trainer, servers, offset, host_cpu, cpu_file, stops
             )
             cpu_after = _cpu(trainer, servers) if host_cpu else {}
             startup.update(
@@ -230,36 +230,28 @@ def _save(
     run_dir.keep_earlier(earlier)
 
 
-def _stopped_cpu_rows(run_dir: RunDir, offset: int, time_offset_s: float) -> KeepRows:
-    def keep(rows: list[dict[str, float]]) -> None:
-        run_dir.keep_stopped_cpu_rows(offset, time_offset_s, rows)
-
-    return keep
-
-
 async def _run_clocked(
     spec: RunSpec, actor: Actor, trainer: TrainerClient, servers: Servers, offset: int,
-    host_cpu: bool = True, keep_stopped: KeepRows | None = None,
+    host_cpu: bool = True, cpu_file: CpuRowsFile | None = None,
     stops: StopRequests | None = None,
 ) -> tuple[float, list[dict[str, float]]]:  # fmt: skip
     """Load the trainer's weights on the servers and run, on the clock the actor started;
-    the run's end time and its CPU timeline (none without ``host_cpu``). A run stopped
-    before its end (SIGTERM, Ctrl-C, an error) hands its rows so far to ``keep_stopped``:
-    the part that resumes it keeps them. While the actor runs, ``stops`` makes SIGTERM
-    and Ctrl-C checkpoint its last trained step first (runtime.graceful_stop)."""
-    timeline = _cpu_timeline(spec, trainer, servers, actor.now) if host_cpu else None
-    stopped = True
+    the run's end time and its CPU timeline (none without ``host_cpu``), whose rows go to
+    ``cpu_file`` as they come: a part stopped before its end, by SIGKILL too, leaves them
+    to the part that resumes it. While the actor runs, ``stops`` makes SIGTERM and Ctrl-C
+    checkpoint its last trained step first (runtime.graceful_stop)."""
+    on_row = cpu_file.append if cpu_file is not None else None
+    timeline = _cpu_timeline(spec, trainer, servers, actor.now, on_row) if host_cpu else None
     try:
         log.info("loading the trainer's weights on the servers")
         await actor.push_now(offset)  # the servers serve the trainer's weights
         log.info("running %d iterations of %s", spec.run.iterations - offset, spec.pipeline.mode)
         with stops.listening(actor.request_stop) if stops else contextlib.nullcontext():
             end_s = await actor.run()
-        stopped = False
     finally:
         cpu_rows = timeline.stop() if timeline else []
-        if stopped and keep_stopped is not None:
-            keep_stopped(cpu_rows)
+        if cpu_file is not None:
+            cpu_file.close()
     if spec.live.server_urls:
         await push_final_weights(actor)
     return end_s, cpu_rows
@@ -298,14 +290,15 @@ def _cpu(trainer: TrainerClient, servers: Servers) -> dict[str, float]:
 
 
 def _cpu_timeline(
-    spec: RunSpec, trainer: TrainerClient, servers: Servers, clock: Callable[[], float]
-) -> CpuTimeline | None:
-    """The run's CPU timeline, started (None with ``live.cpu_sample_s: 0``)."""
+    spec: RunSpec, trainer: TrainerClient, servers: Servers, clock: Callable[[], float],
+    on_row: OnRow | None = None,
+) -> CpuTimeline | None:  # fmt: skip
+    """The run's CPU timeline, started (None with ``live.cpu_sample_s: 0``); ``on_row``
+    gets each row as it is measured."""
     if spec.live.cpu_sample_s <= 0:
         return None
-    timeline = CpuTimeline(
-        run_pids_by_role(trainer.pid, _leaders(servers)), clock, spec.live.cpu_sample_s
-    )
+    pids = run_pids_by_role(trainer.pid, _leaders(servers))
+    timeline = CpuTimeline(pids, clock, spec.live.cpu_sample_s, on_row)
     timeline.start()
     return timeline
 

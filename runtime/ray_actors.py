@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.records import StepStats
+from runtime.lifetime import deaf_to_stop_signals
 from runtime.procs import ServerProcess, free_port, start_server, stop_server, wait_healthy
 from runtime.trainer import TrainerConfig, TrainItem
 from runtime.trainer_proc import PushResult, ServerAddr, TrainerWorker
@@ -118,9 +119,16 @@ ANSWERS_GROUP = "answers"
 class TrainerRank:
     """Rank ``rank`` of the sharded trainer; one typed method per trainer call. Wrapped
     with ``ray.remote(concurrency_groups={ANSWERS_GROUP: 1})``: the calls of the default
-    group run one at a time, the push answers beside them."""
+    group run one at a time, the push answers beside them.
+
+    A rank ignores SIGINT and SIGTERM, as the local trainer process does
+    (:func:`runtime.lifetime.deaf_to_stop_signals`; Ray's worker turned SIGTERM into an
+    exit): a SIGTERM to every process of the run (a cgroup's: systemd, Slurm's job step)
+    is the command's to act on, and does not end the rank before the stop's checkpoint.
+    The driver ends it (``ray.kill``) once the stop is done (docs/ray.md)."""
 
     def __init__(self, config: TrainerConfig, rank: int, world_size: int, device: str) -> None:
+        deaf_to_stop_signals()  # the stop's checkpoint is the driver's to ask for
         self.config = config
         self.rank = rank
         self.world_size = world_size

@@ -174,6 +174,7 @@ class RayTrainerGroup:
         self.ranks = ranks
         self._placed: list[Placed] = []
         self._lock = asyncio.Lock()
+        self._running: set[Any] = set()  # calls not ended (one given up on stays here)
 
     async def start(self) -> None:
         """Form the ranks' process group, hosted by rank 0 on its node."""
@@ -237,9 +238,14 @@ class RayTrainerGroup:
     async def checksums(self) -> dict[str, tuple[float, float]]:
         return (await self._all("checksums", lambda r: r.checksums.remote()))[0]
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Give the ranks' calls in progress ``grace_s`` to end (a stop's checkpoint: the
+        launcher passes what is left of the stop's deadline), then kill every rank."""
         import ray
 
+        if self._running and grace_s > 0:
+            with contextlib.suppress(Exception):
+                ray.wait(list(self._running), num_returns=len(self._running), timeout=grace_s)
         for r in self.ranks:
             with contextlib.suppress(Exception):
                 ray.kill(r)
@@ -257,16 +263,22 @@ class RayTrainerGroup:
             return await self._await(rank, what, ref)
 
     async def _await(self, rank: int, what: str, ref: Awaitable[Any]) -> Any:
+        """The call's result; a call given up on (cancelled) stays in ``_running``."""
         from ray.exceptions import RayActorError
 
+        self._running.add(ref)
         try:
-            return await ref
+            result = await ref
         except RayActorError as err:
+            self._running.discard(ref)
             pid = self._placed[rank].pid if rank < len(self._placed) else "?"
             raise ProcessDied(
                 f"trainer rank {rank} (Ray actor, pid {pid}) died during {what}: {_one_line(err)}"
             ) from None
         except Exception as err:  # the rank's own exception: one line, no Ray traceback
+            self._running.discard(ref)
             raise LiveRunError(
                 f"trainer rank {rank} {what} failed: {actor_exception(err)}"
             ) from None
+        self._running.discard(ref)
+        return result

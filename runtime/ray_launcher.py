@@ -76,8 +76,8 @@ def run_on_ray(
         finally:
             if servers is not None:
                 servers.stop_all()
-            if trainer is not None:
-                trainer.stop()
+            if trainer is not None:  # within a stop's deadline only (docs/ray.md)
+                trainer.stop(stops.grace_left_s(0.0) if stops is not None else 0.0)
             placement.remove()
 
 

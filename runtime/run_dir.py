@@ -19,6 +19,7 @@ from typing import Any
 from policies.results import CPU_TIMELINE_FILE, write_atomic
 from policies.spec import RunSpec, SpecError, load_spec, spec_changes
 from runtime.checkpoints import CHECKPOINT_DIR, LAST, LAST_SHARDED, readable
+from runtime.cpu_rows_file import CpuRowsFile
 from runtime.history import journal_path, journal_steps
 
 SPEC = "spec.yaml"  # the run's original spec, written when it starts and never again
@@ -158,19 +159,13 @@ class RunDir:
             [r for r in rows if r.get("end_s", time_s) <= time_s],
         )
 
-    def keep_stopped_cpu_rows(
-        self, next_step: int, time_s: float, rows: list[dict[str, float]]
-    ) -> None:
-        """A part stopped before its save (SIGTERM, Ctrl-C, an error) started at
-        ``next_step`` and ``time_s``: its CPU timeline rows after the earlier parts' in
-        ``cpu_timeline.csv``, where the part resuming it finds them (:meth:`earlier_part`
-        keeps those before its checkpoint)."""
-        if not rows:
-            return
-        import pandas as pd
-
-        kept = self.earlier_part(next_step, time_s).cpu_rows + rows
-        write_atomic(self.path / CPU_TIMELINE_FILE, pd.DataFrame(kept).to_csv(index=False).encode())
+    def cpu_rows_file(self, next_step: int, time_s: float) -> CpuRowsFile:
+        """``cpu_timeline.csv`` for a part that started at ``next_step`` and ``time_s``: the
+        earlier parts' rows before it, then this part's as they are measured, on disk
+        while it runs (:mod:`runtime.cpu_rows_file`), so that a part stopped before its
+        save (SIGTERM, Ctrl-C, an error, SIGKILL) leaves them to the part resuming it."""
+        earlier = self.earlier_part(next_step, time_s).cpu_rows
+        return CpuRowsFile(self.path / CPU_TIMELINE_FILE, earlier)
 
     def keep_earlier(self, earlier: EarlierPart) -> None:
         """Put an earlier part's step records back in ``steps.json`` over the ones this part

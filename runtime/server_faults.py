@@ -26,7 +26,13 @@ from typing import Any, Protocol
 import httpx
 
 from policies.modes.base import Controller
-from policies.modes.events import Command, InstanceAdded, InstanceLost, InstanceRetired
+from policies.modes.events import (
+    Command,
+    InstanceAdded,
+    InstanceLost,
+    InstanceRetired,
+    ScaleOutFailed,
+)
 from policies.records import InstanceView, Request
 from runtime.errors import LiveRunError, ProcessDied
 from runtime.gen_client import ENGINE_DEAD, GenerationClient
@@ -97,6 +103,7 @@ class ServerFaults:
         self._inflight: dict[int, dict[int, Request]] = {}  # instance -> sample id -> request
         self._views: dict[int, InstanceView] = {}  # instance -> its view when it was lost
         self._restarts: dict[int, int] = {}
+        self._adding: set[int] = set()  # added by a scale-out, healthy, not yet joined
 
     # -- bookkeeping, called by the actor ---------------------------------------------------
 
@@ -168,9 +175,8 @@ class ServerFaults:
             return
         while True:
             for i, state in list(self._state.items()):
-                if state not in (State.LOST, State.STARTING, State.RETIRED) and self.servers.exited(
-                    i
-                ):
+                watched = state not in (State.LOST, State.STARTING, State.RETIRED)
+                if watched and self.servers.exited(i):
                     self.mark_lost(i, "its process exited")
             await asyncio.sleep(period_s)
 
@@ -212,6 +218,10 @@ class ServerFaults:
         actor.update_idle()
         if self._may_restart(i):
             actor.spawn(self._restart(i))
+        elif i in self._adding:
+            self._adding.discard(i)
+            if not self._adding:  # the scale-out's every server lost before it joined
+                self._scale_out_failed(f"server {i} was lost before it joined ({description})")
         return commands
 
     def _may_restart(self, instance_id: int) -> bool:
@@ -322,19 +332,19 @@ class ServerFaults:
 
     async def scale_out(self, count: int) -> None:
         """Start ``count`` new servers; each joins the weight group at the next push and
-        takes work from then on, at that push's version (``InstanceAdded``)."""
+        takes work from then on, at that push's version (``InstanceAdded``). A scale-out
+        that adds none says why (``ScaleOutFailed``): the controller may scale again."""
         actor = self.actor
         if self.servers is None or not self.servers.can_add:
-            log.warning("elastic scale-out asked for, but the run attached to its servers "
-                        "(live.server_urls): none can be added")  # fmt: skip
-            return
+            return self._scale_out_failed("the run attached to its servers (live.server_urls)")
+        failed: list[str] = []
         for _ in range(count):
             i = max(self._state) + 1
             self._state[i] = State.STARTING
             try:
                 slot = await self.servers.add(i)
             except Exception as err:  # noqa: BLE001 - the run goes on without it
-                detail = " ".join(str(err).split())[:500]
+                failed.append(detail := " ".join(str(err).split())[:500])
                 actor.recorder.fault(Fault(actor.now(), i, "add-failed", detail))
                 self._state[i] = State.LOST
                 continue
@@ -344,6 +354,14 @@ class ServerFaults:
             detail = f"{self.servers.describe(i)} healthy; joins the weight group at the next push"
             actor.recorder.fault(Fault(actor.now(), i, "added", detail))
             self._state[i] = State.REJOINING
+            self._adding.add(i)
+        if len(failed) == count:
+            self._scale_out_failed(f"no server started ({failed[-1]})")
+
+    def _scale_out_failed(self, reason: str) -> None:
+        """No server of the scale-out will join: the controller must not wait (for ever)."""
+        log.warning("elastic scale-out added no server: %s", reason)
+        self.actor.post(ScaleOutFailed(self.actor.now(), reason))
 
     def retire(self, instance_ids: tuple[int, ...]) -> None:
         """Stop each server once the requests it runs have come back (``InstanceRetired``);
@@ -373,6 +391,7 @@ class ServerFaults:
             if self._state[i] != State.REJOINING:
                 continue
             self._state[i] = State.SERVING
+            self._adding.clear()  # the controller hears of an addition: its scale-out is done
             view = dataclasses.replace(
                 self._views.pop(i), num_assigned=0, assigned_tokens=0.0, version=local
             )

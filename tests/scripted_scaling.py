@@ -1,6 +1,7 @@
-"""A scripted elastic scaling rule for tests of the executors' scale-out and retirement:
-adds one instance at the first decision, then retires the newest at the second decision
-after the addition has arrived. Registered on demand (not at import, so that tests that
+"""Scripted elastic scaling rules for tests of the executors' scale-out and retirement:
+:class:`AddThenRetire` adds one instance at the first decision, then retires the newest at
+the second decision after the addition has arrived; :class:`AlwaysAddOne` asks for one
+more at every decision. Registered on demand (not at import, so that tests that
 list the registered allocations at collection do not see it)."""
 
 from __future__ import annotations
@@ -38,3 +39,30 @@ def register() -> str:
     if NAME not in ALLOCATION.names():
         ALLOCATION.register(NAME)(AddThenRetire)
     return NAME
+
+
+ALWAYS_ADD = "test-always-add-one"
+
+
+class AlwaysAddOne:
+    """Asks for one more instance at every decision, never retires one."""
+
+    def allocate(self, cluster, model):  # noqa: ANN001, ANN201 - the allocation protocol
+        return cluster
+
+    def instances_to_add(
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
+    ) -> int:
+        return 1
+
+    def instances_to_retire(
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
+    ) -> int:
+        return 0
+
+
+def register_always_add() -> str:
+    """Register :class:`AlwaysAddOne` (once); its allocation name."""
+    if ALWAYS_ADD not in ALLOCATION.names():
+        ALLOCATION.register(ALWAYS_ADD)(AlwaysAddOne)
+    return ALWAYS_ADD

@@ -3,7 +3,7 @@
 The mode controllers (shared with the simulator) finish on the last step without a push;
 the live run pushes that step's weights to attached servers after its clock has stopped,
 unrecorded, so the run's figures stay those of its timed steps. Fakes of
-``tests/test_server_faults.py``: no real servers or trainer.
+``tests/server_fakes.py``: no real servers or trainer.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_server_faults import BATCH, CONFIG, FakeClient, FakeServers, FakeTrainer, FakeWorld
+from server_fakes import BATCH, CONFIG, FakeClient, FakeServers, FakeTrainer, FakeWorld
 
 from policies.spec import load_spec
 from runtime.live_run import _run_clocked, make_actor

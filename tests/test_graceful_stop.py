@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_server_faults import BATCH, CONFIG, FakeClient, FakeTrainer, FakeWorld
+from server_fakes import BATCH, CONFIG, FakeClient, FakeTrainer, FakeWorld
 
 from policies.spec import load_spec
 from runtime.graceful_stop import RunStopped, StopRequests
@@ -120,13 +120,13 @@ def test_a_signal_asks_the_listener_then_reaches_the_handler_once_the_run_stoppe
     try:
 
         async def run(stops: StopRequests) -> None:
-            with stops.listening(lambda: asked.append("stop")):
+            with stops.listening(lambda deadline: asked.append("stop")):
                 os.kill(os.getpid(), sig)
                 await asyncio.sleep(0.05)  # the handler did not raise: the loop goes on
                 assert asked == ["stop"] and seen == []
                 raise RunStopped("checkpointed")
 
-        with pytest.raises(KeyboardInterrupt, match=sig.name), StopRequests() as stops:
+        with pytest.raises(KeyboardInterrupt, match=sig.name), StopRequests(grace_s=60.0) as stops:
             asyncio.run(run(stops))
         assert seen == [sig]  # told once the stop was done (SIGTERM: exit 143)
         assert signal.getsignal(sig) != stops._handle  # restored
@@ -138,19 +138,19 @@ def test_a_second_signal_or_none_listening_unwinds_at_once():
     seen: list[int] = []
     previous = signal.signal(signal.SIGTERM, _unwinding(seen))
     try:
-        with pytest.raises(KeyboardInterrupt), StopRequests():
+        with pytest.raises(KeyboardInterrupt), StopRequests(grace_s=60.0):
             os.kill(os.getpid(), signal.SIGTERM)  # nothing listens yet (start-up)
             time.sleep(0.5)
         assert seen == [signal.SIGTERM]
 
         async def run(stops: StopRequests) -> None:
-            with stops.listening(lambda: None):
+            with stops.listening(lambda deadline: None):
                 os.kill(os.getpid(), signal.SIGTERM)
                 await asyncio.sleep(0.05)
                 os.kill(os.getpid(), signal.SIGTERM)  # again: at once
                 await asyncio.sleep(0.5)
 
-        with pytest.raises(KeyboardInterrupt), StopRequests() as stops:
+        with pytest.raises(KeyboardInterrupt), StopRequests(grace_s=60.0) as stops:
             asyncio.run(run(stops))
         assert seen == [signal.SIGTERM] * 2
     finally:
@@ -244,3 +244,63 @@ def test_servers_that_die_with_the_stop_do_not_keep_it_from_checkpointing(tmp_pa
     trainer = _run_until_stopped(spec, tmp_path / "last.pt", ServersDieTrainer)
     stop = trainer.calls.index("stop")
     assert trainer.calls[stop + 1 :] == ["train", f"checkpoint {STOP_AFTER - 1}"]
+
+
+class FakeTrainerProcess:
+    """The launcher's trainer process, faked: the grace each stop of it was given."""
+
+    given: list[float] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.pid = None
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, grace_s: float) -> None:
+        self.given.append(grace_s)
+
+
+def test_a_stop_past_its_grace_leaves_the_teardown_none_of_it(tmp_path, monkeypatch, caplog):
+    """One deadline for the whole stop. Before: the actor waited all of live.stop_grace_s
+    for the stuck call, then the teardown gave the trainer process all of it again (a stop
+    out of grace took about twice live.stop_grace_s)."""
+    from runtime import launcher
+    from runtime.supervisor import Servers
+
+    spec = load_spec(CONFIG, [
+        "pipeline.mode=stream-async", "run.iterations=8", f"algorithm.batch_size={BATCH}",
+        "live.num_servers=1", "live.stop_grace_s=0.5", "live.checkpoint_min_interval_s=3600",
+    ])  # fmt: skip
+
+    async def drive(spec, run_dir, trainer, servers, *args, stops=None, **kwargs):
+        """The actor loop (a train call stuck when SIGTERM comes), as live_run runs it."""
+        world = FakeWorld(1)
+        stuck = StuckTrainer(world)
+        stuck.request_stop = lambda: os.kill(os.getpid(), signal.SIGTERM)
+        actor = make_actor(spec, {0: FakeClient(0, world)}, stuck, Recorder(), set(), 0,
+                           str(run_dir.checkpoint), None, None, "gloo")  # fmt: skip
+        await actor.push_now(0)
+        with stops.listening(actor.request_stop):
+            await actor.run()
+
+    FakeTrainerProcess.given = []
+    monkeypatch.setattr(launcher, "TrainerProcess", FakeTrainerProcess)
+    monkeypatch.setattr(launcher, "drive", drive)
+    monkeypatch.setattr(launcher, "model_dir_for", lambda spec: "no-model")
+    monkeypatch.setattr(launcher, "trainer_config", lambda spec, model_dir: None)
+    monkeypatch.setattr(launcher, "_core_loan", lambda spec, cores: None)
+    monkeypatch.setattr(launcher, "_servers", lambda *args: Servers([], "token"))
+    caplog.set_level("WARNING", logger="runtime.step_checkpoints")
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, _unwinding(seen))
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            launcher.run_live(spec, tmp_path / "run")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [signal.SIGTERM]
+    assert FakeTrainerProcess.given == [0.0]  # the actor's wait used the whole grace
+    (warning,) = [r.getMessage() for r in caplog.records if "stop_grace_s" in r.getMessage()]
+    assert "live.stop_grace_s (0.5 s)" in warning and "it did not checkpoint" in warning
+    assert "the run has no checkpoint: it starts over" in warning

@@ -80,7 +80,7 @@ class _Stops:
     def stop_all(self):
         pass
 
-    def stop(self):
+    def stop(self, grace_s: float = 0.0):
         pass
 
 

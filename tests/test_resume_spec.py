@@ -145,7 +145,8 @@ def test_keys_that_only_say_how_a_run_is_recorded_or_run_may_change_on_resume():
 
 def test_a_part_stopped_before_its_save_leaves_its_cpu_rows_for_the_resume(tmp_path, monkeypatch):
     """Seen: SIGTERM at step 7, then resume: cpu_timeline.csv had no rows before step 7.
-    A part saves its rows only at its end; a stopped part now writes them as it stops."""
+    A part saved its rows only at its end; now they reach the file as they are measured
+    (tests/test_cpu_rows_file.py: a SIGKILLed part's too)."""
     import asyncio
 
     import pandas as pd
@@ -167,10 +168,18 @@ def test_a_part_stopped_before_its_save_leaves_its_cpu_rows_for_the_resume(tmp_p
         async def run(self):
             raise KeyboardInterrupt("stopped by SIGTERM")
 
-    timeline = type("Timeline", (), {"stop": lambda self: mine})()
+    class Timeline:  # measures this part's rows, each handed on as it is measured
+        def __init__(self, on_row) -> None:
+            self.on_row = on_row
+
+        def stop(self):
+            for row in mine:
+                self.on_row(row)
+            return mine
+
     spec = load_spec(CONFIG, [DEAD_SERVER])
-    keep = live_run._stopped_cpu_rows(RunDir(out), 2, 2.0)  # this part began at step 2, 2 s
-    monkeypatch.setattr(live_run, "_cpu_timeline", lambda *args: timeline)
+    cpu_file = RunDir(out).cpu_rows_file(2, 2.0)  # this part began at step 2, 2 s
+    monkeypatch.setattr(live_run, "_cpu_timeline", lambda *args: Timeline(args[-1]))
     with pytest.raises(KeyboardInterrupt):
-        asyncio.run(live_run._run_clocked(spec, StoppedActor(), None, None, 2, True, keep))
+        asyncio.run(live_run._run_clocked(spec, StoppedActor(), None, None, 2, True, cpu_file))
     assert RunDir(out).earlier_part(next_step=4, time_s=4.0).cpu_rows == first + mine[:2]

@@ -4,7 +4,7 @@ the trainer sees each sample's weight version in its own (global) numbering."""
 import asyncio
 
 import pytest
-from test_server_faults import BATCH, CONFIG, FakeClient, FakeTrainer, FakeWorld
+from server_fakes import BATCH, CONFIG, FakeClient, FakeTrainer, FakeWorld
 
 from policies.spec import load_spec
 from runtime.live_run import ResumablePrompts, make_actor

@@ -84,6 +84,16 @@ class InstanceAdded:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleOutFailed:
+    """A ``ScaleOut`` added no instance (none could start, it was lost before it joined, or
+    the executor cannot add any: attached servers); ``reason`` says which. The controller
+    no longer waits for it and may scale out again at a later step."""
+
+    time_s: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceRetired:
     """An instance asked to retire (``ScaleIn``) has finished what it ran and stopped."""
 
@@ -100,6 +110,7 @@ Event = (
     | WeightsLoaded
     | ContextSwitched
     | InstanceAdded
+    | ScaleOutFailed
     | InstanceRetired
 )
 

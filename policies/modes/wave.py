@@ -37,6 +37,7 @@ from policies.modes.events import (
     PushWeights,
     SampleFinished,
     ScaleOut,
+    ScaleOutFailed,
     Start,
     SwitchContext,
     TrainSamples,
@@ -71,6 +72,7 @@ class WaveController(Controller):
             InstanceAdded: self._on_added,
             InstanceLost: self._on_lost,
             InstanceRetired: self._on_retired,
+            ScaleOutFailed: self._on_scale_out_failed,
         }
 
     # -- handlers ----------------------------------------------------------------------
@@ -140,6 +142,11 @@ class WaveController(Controller):
         self._on_instance_added(event)
         self._scale_pending = False
         return self._maybe_start_wave(event.time_s)
+
+    def _on_scale_out_failed(self, event: ScaleOutFailed) -> list[Command]:
+        """No instance came of the pending scale-out: the next step may decide again."""
+        self._scale_pending = False
+        return []
 
     def _on_retired(self, event: InstanceRetired) -> list[Command]:
         self._on_instance_retired(event)

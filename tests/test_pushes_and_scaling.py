@@ -1,0 +1,163 @@
+"""Weight pushes and elastic generation, without real servers: the actor, a real
+controller, fakes (tests/server_fakes.py). A push that finds a server dead goes again
+without it; the trainer trains while the servers load and steps once they answered; a
+step ends when the actor finished it; elastic scale-out adds a server that serves
+current weights and retires it drained, and one that adds no server lets the controller
+scale again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import scripted_scaling
+from server_fakes import BATCH, FakeServers, FakeTrainer, FakeWorld, fake_actor, run_actor
+
+from policies.records import StepStats
+from runtime.errors import ProcessDied
+from runtime.supervisor import ServerSlot
+
+
+def test_a_push_that_finds_a_server_dead_goes_again_without_it():
+    actor, world, trainer, recorder = fake_actor("disagg-sync", 2, break_after=10**6, restart=False)
+
+    async def scenario() -> None:
+        await actor.push_now(0)
+        world.dead.add(1)  # dies between pushes, with nothing running
+        result = await actor.push_now(1)
+        assert result.failures == {}
+        assert trainer.group == ["http://fake-0"]
+        assert world.served[0] == 1
+
+    asyncio.run(scenario())
+    assert actor.faults.is_lost(1)
+
+
+def test_elastic_adds_a_server_that_serves_current_weights_then_retires_it_drained():
+    actor, world, trainer, recorder = fake_actor(
+        "disagg-sync", 2, break_after=None, restart=False, iterations=6,
+        sets=[f"policies.allocation={scripted_scaling.register()}"],
+    )  # fmt: skip
+
+    async def after_step(step: int) -> None:  # hold the trainer until the server is up
+        while step == 1 and not any(f.event == "added" for f in recorder.faults):
+            await asyncio.sleep(0.01)
+
+    actor.after_step = after_step
+    asyncio.run(run_actor(actor))
+    assert sorted(trainer.trained) == list(range(6 * BATCH))  # each sample once
+    events = [(f.event, f.instance_id) for f in recorder.faults]
+    assert events == [("added", 2), ("rejoined", 2), ("retired", 2)]
+    joined, retired = recorder.faults[1], recorder.faults[2]
+    served = [s for s in recorder.samples.values() if s.instance_id == 2]
+    assert served and all(s.version_start >= joined.version for s in served)
+    assert all(s.gen_end_s <= retired.time_s for s in served)
+    assert world.stopped == [2]
+    assert trainer.joins[-1] == ["http://fake-0", "http://fake-1"]  # left the group
+
+
+class LoadingTrainer(FakeTrainer):
+    """Servers that take a while to load: the answers to a push come only once the trainer
+    has trained again (or after ~0.5 s); every call is logged in order."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        super().__init__(world)
+        self.log: list[tuple[str, int]] = []
+
+    async def send_weights(self, version):
+        self.log.append(("send", version))
+        await super().send_weights(version)
+
+    async def push_answers(self):
+        for _ in range(500):
+            if self.log[-1][0] != "send":
+                break
+            await asyncio.sleep(0.001)
+        result = await super().push_answers()
+        self.log.append(("answers", result.version))
+        return result
+
+    async def train(self, items, now_s):
+        self.log.append(("train", len(items)))
+        return await super().train(items, now_s)
+
+    async def step(self, step, now_s):
+        self.log.append(("step", step))
+        return await super().step(step, now_s)
+
+
+def test_the_trainer_trains_while_the_servers_load_and_steps_only_once_they_answered():
+    actor, world, _, _ = fake_actor("pipeline", 1, break_after=None, restart=False, iterations=4)
+    trainer = LoadingTrainer(world)
+    actor.trainer = trainer
+    asyncio.run(run_actor(actor))
+    log = trainer.log
+    for version in (1, 2, 3):  # pushed after steps 0, 1, 2 (the run ends at step 3)
+        between = log[log.index(("send", version)) + 1 : log.index(("answers", version))]
+        assert any(kind == "train" for kind, _ in between), (version, log)
+        assert not any(kind == "step" for kind, _ in between), (version, log)
+    assert sorted(trainer.trained) == list(range(4 * BATCH))
+
+
+def test_a_steps_end_is_when_the_actor_finished_it_not_the_trainers_busy_sum():
+    actor, world, trainer, recorder = fake_actor("pipeline", 2, break_after=10**6, restart=False)
+
+    async def busy_step(step, now_s):  # a step whose micro-batches took 100 s, overlapped
+        return StepStats(step, step + 1, BATCH, 16, now_s, now_s + 100.0, 0.0, 0.5, 0.0, 100.0)
+
+    trainer.step = busy_step
+    end_s = asyncio.run(run_actor(actor))
+    assert len(recorder.steps) == 4
+    for s in recorder.steps:
+        assert s["start_s"] <= s["end_s"] <= s["done_s"] <= end_s < 100.0
+
+
+class FailingServers(FakeServers):
+    """Servers whose every added one fails to start (``dies``: starts, then its process
+    exits before it joins the weight group), or none can be added (``attached``)."""
+
+    def __init__(self, world: FakeWorld, how: str) -> None:
+        super().__init__(world, restart=False)
+        self.how, self.attempts = how, 0
+
+    @property
+    def can_add(self) -> bool:
+        return self.how != "attached"
+
+    async def add(self, instance_id: int) -> ServerSlot:
+        self.attempts += 1
+        slot = await super().add(instance_id)
+        if self.how == "fails":
+            raise ProcessDied(f"generation server {instance_id} exited during start-up")
+        self.world.dead.add(instance_id)
+        return slot
+
+
+@pytest.mark.parametrize("how", ["fails", "dies", "attached"])
+def test_a_scale_out_that_adds_no_server_lets_the_controller_scale_again(how, caplog):
+    """Before: the controller waited for the first scale-out's server for the rest of the
+    run and never scaled again (one attempt in 4 steps, whatever the rule said)."""
+    actor, world, trainer, recorder = fake_actor(
+        "disagg-sync", 2, break_after=None, restart=False, iterations=4,
+        sets=[f"policies.allocation={scripted_scaling.register_always_add()}"],
+    )  # fmt: skip
+    servers = actor.faults.servers = FailingServers(world, how)
+    gone = {"fails": "add-failed", "dies": "lost", "attached": None}[how]
+
+    async def after_step(step: int) -> None:  # a scale-out in flight ends before the next
+        while servers.attempts > sum(f.event == gone for f in recorder.faults):
+            await asyncio.sleep(0.01)
+
+    actor.after_step = after_step
+    caplog.set_level("WARNING", logger="runtime.server_faults")
+    asyncio.run(run_actor(actor))
+    assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once
+    said = [r.getMessage() for r in caplog.records if "added no server" in r.getMessage()]
+    assert len(said) == 3  # asked again after steps 1 and 2, not only after step 0
+    assert servers.attempts == (0 if how == "attached" else 3)
+    why = {"fails": "no server started (generation server 2 exited during start-up)",
+           "dies": "server 2 was lost before it joined (generation server 2 (pid 42) killed",
+           "attached": "the run attached to its servers (live.server_urls)"}[how]  # fmt: skip
+    assert said[0].startswith(f"elastic scale-out added no server: {why}")
+    assert sorted(actor.controller.views) == [0, 1]
