@@ -17,15 +17,16 @@ from typing import Any, Protocol
 
 import yaml
 
-from experiments.predictors import ranker_for
+from experiments.runs import check_run, simulate
 from experiments.worker_pool import over_time
 from policies.inert_keys import log_inert_keys
-from policies.logs import run_log
+from policies.logs import held_warnings, run_log
 from policies.spec import RunSpec, SpecError, override_spec, read_yaml
 
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]  # a point's values, its metrics or its error (the sweep's table row)
+WARNINGS = "warnings"  # a row's key for what its run warned of (the sweep logs, not keeps, it)
 OnRow = Callable[[int, Row], None]
 
 
@@ -45,20 +46,20 @@ def check_point_specs(
     base: RunSpec, points: list[dict[str, Any]], skip_invalid: bool = False
 ) -> dict[int, str]:
     """Build every point's spec and check it as ``tandem run`` does before simulating
-    (``sim.cluster.check_sim_run``; nothing runs): the first invalid one is a
+    (:func:`experiments.runs.check_run`: the simulator's checks and the ranker file of
+    ``policies.ranker_path``; nothing runs): the first invalid one is a
     :class:`SpecError` naming the point's ``key=value`` settings and what is wrong. With
     ``skip_invalid`` (``--skip-invalid``) the invalid points are returned instead, by
     index, with what is wrong (a grid of ``pipeline.mode`` × ``pipeline.max_lag`` holds
     combinations no mode takes); only a grid of nothing but those is an error. What the
     points would warn about (keys that do nothing, a trainer whose optimizer must be
     offloaded) is logged once for all the points that share it."""
-    from sim.cluster import check_sim_run
-
     specs, warnings, invalid = [], [], {}
+    ranker_files: set[str] = set()  # loaded and accepted once for all points
     for index, point in enumerate(points):
         try:
             spec = point_spec(base, point)
-            warnings += check_sim_run(spec)
+            warnings += check_run(spec, ranker_files_passed=ranker_files)
         except (SpecError, ValueError) as err:
             why = f"grid point {' '.join(point_overrides(point))}: {err}"
             if not skip_invalid:
@@ -84,23 +85,27 @@ def base_from_yaml(text: str) -> RunSpec:
 def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> Row:
     """Simulate one grid point; a failure becomes a row with its error, never an exception.
 
-    ``out_dir``: where the point's run files go (spec.yaml, metrics.json, run.log...)."""
-    from sim.simulator import Simulation
-
+    ``out_dir``: where the point's run files go (spec.yaml, metrics.json, run.log...); its
+    metrics (and the row) say where its ranker came from and how well it ranked, as a
+    ``tandem run``'s do. What the run warned of goes to its run.log, not to the console,
+    and comes back under the row's :data:`WARNINGS` key: the sweep says each once."""
     row: Row = dict(point)
-    try:
-        spec = point_spec(base, point)
-        if out_dir is None:
-            result = Simulation(spec, ranker=ranker_for(spec)).run()
-        else:
-            with run_log(out_dir):
-                result = Simulation(spec, ranker=ranker_for(spec)).run()
-                result.save(out_dir, trace_by_default=False)
-        row.update(result.metrics)
-        row["error"] = None
-    except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
-        row["error"] = f"{type(err).__name__}: {err}"
-        row["traceback"] = traceback.format_exc(limit=3)
+    with held_warnings() as warned:  # in the point's run.log; the sweep says each once
+        try:
+            spec = point_spec(base, point)
+            if out_dir is None:
+                result = simulate(spec)
+            else:
+                with run_log(out_dir):
+                    result = simulate(spec)
+                    result.save(out_dir, trace_by_default=False)
+            row.update(result.metrics)
+            row["error"] = None
+        except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
+            row["error"] = f"{type(err).__name__}: {err}"
+            row["traceback"] = traceback.format_exc(limit=3)
+    if warned:
+        row[WARNINGS] = list(dict.fromkeys(warned))
     return row
 
 
