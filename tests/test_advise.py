@@ -126,7 +126,6 @@ def test_a_small_budget_returns_the_best_found_and_says_so(tmp_path):
     assert out.best_value >= (out.input_value or 0.0)
     assert not out.result.finished
     assert out.result.num_open > 0 and out.result.coverage < 1.0
-    assert out.wall_s < 2.0 + 5.0  # a run started before the deadline may finish after it
     text = (write_advice(out, tmp_path) / "advice.md").read_text()
     assert "the budget (2 s) stopped it" in text and "not covered" in text
     # the best may be missing: said where the coverage could read as near-complete
