@@ -80,7 +80,9 @@ def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int
     from experiments.advise import AdviseOptions, advise
     from experiments.advise_plan import SpaceOptions
     from experiments.advise_report import write_advice
+    from experiments.ranker_source import check_ranker_path
 
+    check_ranker_path(spec, live=False)  # the search simulates with a ranker file
     if args.live_check:
         from experiments.advise_live import check_live_spec
 

@@ -117,7 +117,7 @@ def _ranker(spec: RunSpec) -> Any:
     )  # fmt: skip
     if key not in _RANKERS:
         _RANKERS[key] = ranker_for(spec)
-    return _RANKERS[key]
+    return _RANKERS[key].run_copy()  # a run records its own history: never a shared one
 
 
 def run_candidate(base: RunSpec, c: Candidate, iterations: int) -> Evaluation:

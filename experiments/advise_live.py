@@ -6,6 +6,9 @@ Every configuration runs ``repeats`` times live on one shared generation server 
 seed ``run.seed + r`` for all of them, the order of configurations rotated per repeat so
 drift on the machine spreads over all of them. Each live run also gets its sim twin (the
 calibrated sim replaying that run's lengths, :func:`experiments.fidelity.simulate_twin`).
+Live runs and twins rank with the spec's ranker (a file of ``policies.ranker_path``, as
+``tandem run`` does: :func:`experiments.runs.run_live_ranked`), and record its source and
+quality in their metrics.json.
 
 The predicted order is the search's (full simulated runs of the spec as given); the
 report sets it against the order of the live medians, against every seed's own live
@@ -125,9 +128,13 @@ def _cost_model_dir(base: RunSpec) -> Path:
 
 def check_live_spec(base: RunSpec) -> Path:
     """What the live check needs of the input spec, checked before the search (it ran
-    the whole search, then refused); returns the calibrated cost model's directory."""
+    the whole search, then refused); returns the calibrated cost model's directory. A
+    ranker file is checked for the sim: the live runs' twins rank with it too."""
+    from experiments.ranker_source import check_ranker_path
+
     if base.live.num_servers != 1 or base.live.server_urls:
         raise ValueError("the live check starts one server itself: live.num_servers must be 1")
+    check_ranker_path(base, live=False)
     return _cost_model_dir(base)
 
 
@@ -148,7 +155,7 @@ def live_check(
 
 def _run_all(base, chosen, repeats, out, cost_dir, check, console) -> None:  # noqa: ANN001
     from experiments.fidelity import simulate_twin
-    from runtime.launcher import run_live
+    from experiments.runs import run_live_ranked
     from runtime.live_run import model_dir_for
     from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
     from runtime.profile_bursts import warm_up_server
@@ -167,7 +174,7 @@ def _run_all(base, chosen, repeats, out, cost_dir, check, console) -> None:  # n
                 name, c, _ = chosen[(k + r) % len(chosen)]
                 spec = live_spec(base, c, server.base_url, token, r)
                 case = out / "cases" / f"config-{check.names.index(name) + 1}" / f"repeat-{r}"
-                result = run_live(spec, case / "live", _live_predictor(spec))
+                result = run_live_ranked(spec, case / "live")
                 twin = simulate_twin(result, case, cost_dir)
                 check.live.setdefault(name, []).append(result.metrics[THROUGHPUT])
                 check.twin.setdefault(name, []).append(twin.metrics[THROUGHPUT])
@@ -177,14 +184,6 @@ def _run_all(base, chosen, repeats, out, cost_dir, check, console) -> None:  # n
                     )
     finally:
         stop_server(server)
-
-
-def _live_predictor(spec: RunSpec):  # noqa: ANN202
-    if spec.policies.length_predictor != "ranker":
-        return None
-    from ranker.online import RankerPredictor
-
-    return RankerPredictor()
 
 
 def live_frame(check: LiveCheck) -> pd.DataFrame:

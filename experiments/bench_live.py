@@ -41,7 +41,8 @@ from pathlib import Path
 
 import httpx
 
-from experiments.predictors import ranker_for
+from experiments.ranker_source import check_ranker_path
+from experiments.runs import run_live_ranked
 from experiments.specs import config_path
 from policies.records import Request
 from policies.resources import generation_resource
@@ -50,7 +51,6 @@ from policies.spec import RunSpec, load_spec, override_spec
 from policies.tracking import StepUpdate
 from runtime.engine_proc import SERVED_MODEL_NAME
 from runtime.gen_client import GenerationClient
-from runtime.launcher import run_live
 from runtime.live_run import model_dir_for
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.tasks import TaskPromptSource, TaskSet, task_set
@@ -162,6 +162,7 @@ def bench_live(
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     base = _as_spec(config)
     base.run.iterations = steps or STEPS
+    check_ranker_path(base, live=True)  # a bad ranker file: refused before the server starts
     out = Path(out_dir or tempfile.mkdtemp(prefix="tandem-bench-"))
     token = secrets.token_hex(8)
     server = start_server(
@@ -197,8 +198,7 @@ def bench_modes(
             log.info("round %d/%d: %s", r + 1, rounds, mode)
             spec = override_spec(base, [f"pipeline.mode={mode}", f"run.seed={base.run.seed + r}"])
             spec.live.server_urls, spec.live.token = [url], token
-            predictor = ranker_for(spec, live=True)
-            runs[-1][mode] = run_live(spec, out / f"round-{r}" / mode, predictor, on_step)
+            runs[-1][mode] = run_live_ranked(spec, out / f"round-{r}" / mode, on_step)
     return {**mode_figures(runs), "steps": base.run.iterations}
 
 

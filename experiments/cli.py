@@ -89,17 +89,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.ray is not None and not args.live:
         raise SpecError("--ray places a live run: add --live")
-    if args.live:  # a refused live run leaves no run directory behind
-        from runtime.launcher import check_live_run
+    from experiments.runs import check_run
 
-        check_live_run(spec, args.ray)
-    else:  # so is a simulated one (its warnings come from the run itself, once)
-        from sim.cluster import check_sim_run
-
-        check_sim_run(spec)
-    from experiments.ranker_source import check_ranker_path
-
-    check_ranker_path(spec, args.live)  # a bad model file: no run directory either
+    # a refused run (a bad ranker file too) leaves no run directory behind; a simulated
+    # run's warnings come from the run itself, once
+    check_run(spec, args.live, args.ray)
     replace = args.out is not None and replaces_a_run(args, spec)
     out = _out_dir(args, spec)
     if replace:  # --overwrite: nothing of the earlier run stays beside this one
@@ -133,24 +127,12 @@ def _execute(
     spec: RunSpec, out: Path, live: bool, on_step: Callable, force_new_spec: bool = False,
     ray_address: str | None = None,
 ) -> RunResult:  # fmt: skip
-    from experiments.predictors import ranker_for
-    from experiments.ranker_quality import record_ranker_quality
+    """The run, with its ranker (whose source and quality its metrics record)."""
+    from experiments.runs import run_live_ranked, simulate
 
-    predictor = ranker_for(spec, live=live)
     if live:
-        from runtime.launcher import run_live
-
-        result = run_live(
-            spec, out, predictor, force_new_spec=force_new_spec, on_step=on_step,
-            ray_address=ray_address,
-        )  # fmt: skip
-    else:
-        from sim.simulator import Simulation
-
-        result = Simulation(spec, ranker=predictor).run(on_step=on_step)
-    if predictor is not None:  # how it was obtained and how well it ranked this run
-        record_ranker_quality(result, predictor.source, out if live else None)
-    return result
+        return run_live_ranked(spec, out, on_step, force_new_spec, ray_address)
+    return simulate(spec, on_step)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -111,14 +111,15 @@ def sim_spec_for(live_spec: RunSpec, trace_path: Path, cost_model_dir: Path) -> 
 
 
 def simulate_twin(live: RunResult, case_dir: Path, cost_model_dir: Path) -> RunResult:
-    from experiments.predictors import ranker_for
-    from sim.simulator import Simulation
+    """The calibrated sim replaying ``live``'s lengths, with the spec's ranker (a ranker
+    file is checked before the live run: :func:`check_fidelity`)."""
+    from experiments.runs import simulate
 
     trace_path = case_dir / "trace.parquet"
     trace_of(live.samples_frame()).to_parquet(trace_path, index=False)
     spec = sim_spec_for(live.spec, trace_path, cost_model_dir)
     with run_log(case_dir / "sim"):
-        result = Simulation(spec, ranker=ranker_for(spec)).run()
+        result = simulate(spec)
         result.save(case_dir / "sim")
     return result
 
@@ -214,10 +215,9 @@ def run_case(
     spec: RunSpec, case_dir: Path, cost_model_dir: Path, on_step=None
 ) -> tuple[RunResult, RunResult]:
     """One live run of a case (under ``case_dir/live``), then its sim twin."""
-    from experiments.predictors import ranker_for
-    from runtime.launcher import run_live
+    from experiments.runs import run_live_ranked
 
-    live = run_live(spec, case_dir / "live", ranker_for(spec, live=True), on_step)
+    live = run_live_ranked(spec, case_dir / "live", on_step)
     return live, simulate_twin(live, case_dir, cost_model_dir)
 
 

@@ -67,9 +67,13 @@ def _one_line(err: SpecError, key: str) -> str:
 
 def check_fidelity(base: RunSpec, plan: FidelityPlan, out: Path) -> str:
     """Everything a fidelity run into ``out`` can be refused for before it starts a
-    server: the spec, each case, the cost model, another run's cases. Its run key."""
+    server: the spec, its ranker file (checked for the sim: each live case's twin ranks
+    with it too), each case, the cost model, another run's cases. Its run key."""
+    from experiments.ranker_source import check_ranker_path
+
     if base.live.num_servers != 1 or base.live.server_urls:
         raise ValueError("tandem fidelity starts one server itself: live.num_servers must be 1")
+    check_ranker_path(base, live=False)
     check_plan(base, plan)
     key = run_key(base, plan)
     check_no_other_run(out, key)

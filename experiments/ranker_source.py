@@ -2,23 +2,25 @@
 
 * ``policies.ranker_path`` set — a model file of ``tandem ranker fit``, checked
   (:func:`load_ranker_file`) and used by the sim and by a live run alike. The file gives
-  the *model*; the history features look up the run's own prompts (a sim run: the run's
-  earlier iterations; a live run: its completions, which also refit it online).
+  the *model*, never refitted in the run; the history features look up the run's own
+  prompts.
 * unset, live — an empty ranker that learns from the run's completions.
 * unset, sim, a drawn workload (histogram, lognormal, pareto) — fitted on *held-out
   draws*: the first two epochs of a second workload of the same spec whose every stream
   is redrawn under the prefix ``ranker-fit/`` (other prompt latents, other lengths), so
-  the model never sees a length the run simulates. Its history table then holds the
-  run's own trace, consulted strictly before each request's iteration: it stands in for
-  the online ``update`` the sim controller does not call.
+  the model never sees a length the run simulates.
 * unset, sim, a ``trace`` workload — the trace is all the data there is, so the ranker
   is *cross-fitted*: the prompts are split in two halves (named stream ``ranker-folds``),
   one model is fitted on the first two epochs of each half, and each half's requests are
   ranked by the model of the other half.
 
-Known bias: the history of a request at iteration ``i`` is every sample of the earlier
-iterations, also one not yet finished in an asynchronous mode; a prompt recurs once an
-epoch, so this only matters when an epoch is a single iteration.
+Every ranker starts a run with an empty history. A live run records its completions as
+they come (``update``); the simulator records each sample as it finishes (``record``,
+``sim.simulator``), so a request's history holds the samples of its prompt finished
+before it was dispatched, in earlier iterations. (Until 2026-12-06 a sim ranker's
+history was the run's whole trace up front: a request of iteration ``i`` also saw the
+samples of earlier iterations still running, when an asynchronous mode overlaps
+iterations and an epoch is a single iteration — ``pipeline``, or ``overlap_waves``.)
 """
 
 from __future__ import annotations
@@ -73,13 +75,10 @@ def ranker_for(spec: RunSpec, live: bool = False) -> RankerPredictor | CrossFitR
     path = spec.policies.ranker_path
     if path is not None:
         ranker = load_ranker_file(path, live)
-        history = (
-            ranker.observations.iloc[:0] if live else workload_trace(spec, spec.run.iterations)
-        )
-        ranker.replace_history(history)  # the file's own trace: other prompts
+        ranker.replace_history(ranker.observations.iloc[:0])  # the file's: other prompts
         ranker.refit_online = False  # the file's model throughout
         ranker.source = f"file {path} ({ranker.model_name}, not refitted in the run)"
-        log.info("ranker: %s; history: the run's own earlier iterations", ranker.source)
+        log.info("ranker: %s; history: the run's own finished samples", ranker.source)
         return ranker
     if live:
         ranker = RankerPredictor()
@@ -95,18 +94,19 @@ def sim_ranker(
     ``fit_iterations`` iterations (default: two epochs) it does not simulate."""
     if fit_iterations is None:
         fit_iterations = WARMUP_EPOCHS * iterations_per_epoch(spec)
-    run_trace = workload_trace(spec, spec.run.iterations)
     if spec.workload.kind == "trace":
+        run_trace = workload_trace(spec, spec.run.iterations)
         return CrossFitRanker.fit_halves(spec, fit_iterations, model, run_trace)
     held_out = workload_trace(spec, fit_iterations, RngStreams(spec.run.seed).child(FIT_STREAMS))
     ranker = RankerPredictor(model)
     ranker.fit_trace(held_out)
-    ranker.replace_history(run_trace)
+    ranker.replace_history(held_out.iloc[:0])  # the run records its own finished samples
+    ranker.refit_online = False
     ranker.source = (
         f"in-run fit: {model} on held-out draws of the workload (streams {FIT_STREAMS}/…, "
         f"{fit_iterations} iterations, {len(held_out)} samples the run does not simulate)"
     )
-    log.info("ranker: %s; history: the run's own earlier iterations", ranker.source)
+    log.info("ranker: %s; history: the run's own finished samples", ranker.source)
     return ranker
 
 
@@ -137,12 +137,13 @@ class CrossFitRanker:
         cross = cls(models, fold_of)
         cross._fit(fit)
         for m in models:
-            m.replace_history(run_trace)
+            m.replace_history(run_trace.iloc[:0])  # the run records its finished samples
+            m.refit_online = False
         cross.source = (
             f"in-run cross-fit: {model} on the trace's first {fit_iterations} iterations, two "
             f"halves of the prompts ({FOLD_STREAM}), each half ranked by the other's model"
         )
-        log.info("ranker: %s; history: the run's own earlier iterations", cross.source)
+        log.info("ranker: %s; history: the run's own finished samples", cross.source)
         return cross
 
     def _folds(self, frame: pd.DataFrame) -> np.ndarray:
@@ -157,6 +158,17 @@ class CrossFitRanker:
     def fit(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None:
         self._fit(trace_frame(requests, output_tokens))
 
+    def record(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None:
+        """Finished samples into both models' history (every prompt's, as live)."""
+        for model in self.models:
+            model.record(requests, output_tokens)
+
+    def run_copy(self) -> CrossFitRanker:
+        """The same two models with an empty history, for one more run."""
+        copy = CrossFitRanker((self.models[0].run_copy(), self.models[1].run_copy()), self.fold_of)
+        copy.source = self.source
+        return copy
+
     def predict(self, requests: Sequence[Request]) -> list[float | None]:
         frame = requests_frame(requests)
         folds = self._folds(frame)
@@ -169,10 +181,19 @@ class CrossFitRanker:
         return [float(x) for x in out]
 
 
-def check_ranker_path(spec: RunSpec, live: bool) -> None:
-    """Refuse a bad ``policies.ranker_path`` (:func:`load_ranker_file`) before a run starts."""
-    if spec.policies.length_predictor == "ranker" and spec.policies.ranker_path is not None:
-        load_ranker_file(spec.policies.ranker_path, live)
+def check_ranker_path(spec: RunSpec, live: bool, passed: set[str] | None = None) -> None:
+    """Refuse a bad ``policies.ranker_path`` (:func:`load_ranker_file`) before a run starts
+    (``live``: only live runs use it; a live run with a sim twin is checked for the sim).
+    Every command calls it up front (:func:`experiments.runs.check_run` and the checks of
+    ``fidelity``, ``bench`` and ``advise``). ``passed``: files that passed already (a
+    sweep's points mostly share one; loading it takes ~0.1 s), to skip; this one joins."""
+    path = spec.policies.ranker_path
+    if spec.policies.length_predictor != "ranker" or path is None:
+        return
+    if passed is None or path not in passed:
+        load_ranker_file(path, live)
+    if passed is not None:
+        passed.add(path)
 
 
 def load_ranker_file(path: str | Path, live: bool) -> RankerPredictor:
@@ -192,9 +213,10 @@ def load_ranker_file(path: str | Path, live: bool) -> RankerPredictor:
     _check_features(ranker, file, key)
     if not live and ranker.spec.use_text and ranker.observations["prompt"].notna().any():
         raise ValueError(
-            f"{key}: {file} was fitted on prompts with text, and the simulator's prompts have "
-            "none: its text features would all be 0, values it never saw. Refit it without "
-            "them: tandem ranker fit TRACE --out MODEL --no-text"
+            f"{key}: {file} was fitted on prompts with text, and the simulator's prompts (of a "
+            "sim run, or of the sim twin of a live one) have none: its text features would all "
+            "be 0, values it never saw. Refit it without them: tandem ranker fit TRACE --out "
+            "MODEL --no-text"
         )
     return ranker
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from experiments.predictors import ranker_for
+from experiments.runs import check_run, simulate
 from experiments.worker_pool import over_time
 from policies.inert_keys import log_inert_keys
 from policies.logs import run_log
@@ -45,20 +45,20 @@ def check_point_specs(
     base: RunSpec, points: list[dict[str, Any]], skip_invalid: bool = False
 ) -> dict[int, str]:
     """Build every point's spec and check it as ``tandem run`` does before simulating
-    (``sim.cluster.check_sim_run``; nothing runs): the first invalid one is a
+    (:func:`experiments.runs.check_run`: the simulator's checks and the ranker file of
+    ``policies.ranker_path``; nothing runs): the first invalid one is a
     :class:`SpecError` naming the point's ``key=value`` settings and what is wrong. With
     ``skip_invalid`` (``--skip-invalid``) the invalid points are returned instead, by
     index, with what is wrong (a grid of ``pipeline.mode`` × ``pipeline.max_lag`` holds
     combinations no mode takes); only a grid of nothing but those is an error. What the
     points would warn about (keys that do nothing, a trainer whose optimizer must be
     offloaded) is logged once for all the points that share it."""
-    from sim.cluster import check_sim_run
-
     specs, warnings, invalid = [], [], {}
+    ranker_files: set[str] = set()  # loaded and accepted once for all points
     for index, point in enumerate(points):
         try:
             spec = point_spec(base, point)
-            warnings += check_sim_run(spec)
+            warnings += check_run(spec, ranker_files_passed=ranker_files)
         except (SpecError, ValueError) as err:
             why = f"grid point {' '.join(point_overrides(point))}: {err}"
             if not skip_invalid:
@@ -84,17 +84,17 @@ def base_from_yaml(text: str) -> RunSpec:
 def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> Row:
     """Simulate one grid point; a failure becomes a row with its error, never an exception.
 
-    ``out_dir``: where the point's run files go (spec.yaml, metrics.json, run.log...)."""
-    from sim.simulator import Simulation
-
+    ``out_dir``: where the point's run files go (spec.yaml, metrics.json, run.log...); its
+    metrics (and the row) say where its ranker came from and how well it ranked, as a
+    ``tandem run``'s do."""
     row: Row = dict(point)
     try:
         spec = point_spec(base, point)
         if out_dir is None:
-            result = Simulation(spec, ranker=ranker_for(spec)).run()
+            result = simulate(spec)
         else:
             with run_log(out_dir):
-                result = Simulation(spec, ranker=ranker_for(spec)).run()
+                result = simulate(spec)
                 result.save(out_dir, trace_by_default=False)
         row.update(result.metrics)
         row["error"] = None

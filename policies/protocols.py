@@ -56,3 +56,12 @@ class OnlineLengthPredictor(LengthPredictor, Protocol):
     ``update`` must return at once (refits happen in the background)."""
 
     def update(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class HistoryLengthPredictor(LengthPredictor, Protocol):
+    """A predictor whose features include the lengths of the samples finished so far (the
+    ranker): the simulator ``record``s each sample as it finishes, so that a request sees
+    only what had finished when it was dispatched; ``record`` never refits."""
+
+    def record(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None: ...

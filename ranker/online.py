@@ -6,6 +6,9 @@ requests see them) and starts a refit on the most recent ``refresh_rows`` observ
 in a background thread; ``predict`` keeps answering with the current model and swaps in
 the new one, atomically under a lock, only when the refit has finished. At most one
 refit runs at a time; an ``update`` that arrives during one is folded into the next.
+``record`` adds completions to the history only (the simulator records every sample as
+it finishes, so a request's history holds exactly the samples finished before it was
+dispatched); they join the table when it is next read, not one ``concat`` a sample.
 
 ``save`` writes one versioned pickle (format name, format version, feature spec, model,
 observations) atomically; ``load`` refuses a file of another format or version. Load
@@ -50,6 +53,7 @@ class RankerPredictor:
         self._lock = threading.Lock()
         self._fitted: FittedModel | None = None
         self._observations = pd.DataFrame(columns=TRACE_COLUMNS)
+        self._recorded: list[tuple[Request, int]] = []  # recorded, not yet in the table
         self._refresh: threading.Thread | None = None
         self._pending = False
         self.num_refreshes = 0
@@ -76,12 +80,14 @@ class RankerPredictor:
         with self._lock:
             self._fitted = fitted
             self._observations = trace[TRACE_COLUMNS].reset_index(drop=True)
+            self._recorded = []
 
     def predict_tokens(
         self, requests: pd.DataFrame, extra_observations: pd.DataFrame | None = None
     ) -> np.ndarray:
         """Predicted output tokens of a request frame (history: earlier iterations only)."""
         with self._lock:
+            self._join_recorded()
             fitted, observations = self._fitted, self._observations
         if fitted is None:
             raise ValueError("the ranker is not fitted: call fit (or load a saved one) first")
@@ -95,7 +101,18 @@ class RankerPredictor:
 
     @property
     def observations(self) -> pd.DataFrame:
-        return self._observations
+        with self._lock:
+            self._join_recorded()
+            return self._observations
+
+    def run_copy(self) -> RankerPredictor:
+        """The same model, not refitted, with an empty history: for one more run of a
+        fit made once (each run records its own finished samples)."""
+        copy = RankerPredictor(self.model_name, self.spec, self.max_history_rows, self.refresh_rows)
+        copy._fitted = self._fitted
+        copy._observations = self._observations.iloc[:0]
+        copy.source, copy.refit_online = self.source, False
+        return copy
 
     # -- online refresh -----------------------------------------------------------------
 
@@ -105,10 +122,27 @@ class RankerPredictor:
         kept = trace[TRACE_COLUMNS].iloc[-self.max_history_rows :].reset_index(drop=True)
         with self._lock:
             self._observations = kept
+            self._recorded = []
+
+    def record(self, requests: Sequence[Request], output_tokens: Sequence[int]) -> None:
+        """Add finished samples to the history only (no refit); cheap enough to call for
+        every sample (``policies.protocols.HistoryLengthPredictor``)."""
+        if len(requests) != len(output_tokens):
+            raise ValueError(f"{len(requests)} requests but {len(output_tokens)} output lengths")
+        with self._lock:
+            self._recorded.extend(zip(requests, output_tokens, strict=True))
+
+    def _join_recorded(self) -> None:
+        """Move the recorded samples into the table (the lock held)."""
+        if self._recorded:
+            requests, tokens = zip(*self._recorded, strict=True)
+            self._recorded = []
+            self._append(trace_frame(requests, tokens))
 
     def update_history(self, trace: pd.DataFrame) -> None:
         """Add observations to the history table only (no refit)."""
         with self._lock:
+            self._join_recorded()
             self._append(trace)
 
     def _append(self, trace: pd.DataFrame) -> None:
@@ -120,6 +154,7 @@ class RankerPredictor:
         unless ``refit_online`` is off."""
         new = trace_frame(requests, output_tokens)
         with self._lock:
+            self._join_recorded()
             self._append(new)
             if not self.refit_online:
                 return
@@ -142,6 +177,7 @@ class RankerPredictor:
     def _refit_loop(self) -> None:
         while True:
             with self._lock:
+                self._join_recorded()
                 recent = self._observations.iloc[-self.refresh_rows :]
                 self._pending = False
             fitted = self._train(recent)  # the slow part, outside the lock
@@ -158,6 +194,7 @@ class RankerPredictor:
 
     def save(self, path: Path) -> None:
         with self._lock:
+            self._join_recorded()
             payload = {
                 "format": FILE_FORMAT,
                 "format_version": FILE_VERSION,

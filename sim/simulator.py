@@ -5,6 +5,11 @@ simulated time and feeds back events, exactly as the live runtime does with real
 servers. Modelling assumptions of each part are in the docstrings of ``sim.engine``,
 ``sim.trainer``, ``sim.costs``, ``sim.pushes`` and ``sim.workload``; pushes over one
 cross-datacenter link queue (``sim.links``), and a colocated context switch stalls every GPU.
+A length ranker's history (``policies.protocols.HistoryLengthPredictor``) gets each sample
+as it finishes, before the controller hears of it: a request is ranked on the samples
+finished when it is dispatched. Known bias: a live actor hands lengths over in batches
+(``length_update_every``, 32), so a live ranker's history lags the sim's by up to 31
+samples.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from policies.modes.events import (
     TrainStepDone,
     WeightsLoaded,
 )
-from policies.protocols import Device, LengthPredictor
+from policies.protocols import Device, HistoryLengthPredictor, LengthPredictor
 from policies.records import (
     Completion,
     Request,
@@ -128,6 +133,8 @@ class _World:
         ranker: LengthPredictor | None = None,
     ):
         self._ranker = ranker
+        # a ranker's history: each sample from when it finished (what a live run knows)
+        self._history = ranker if isinstance(ranker, HistoryLengthPredictor) else None
         self.env = simpy.Environment()
         self.done = self.env.event()
         self.rngs = RngStreams(spec.run.seed)
@@ -253,7 +260,9 @@ class _World:
 
     def emit(self, event: Event) -> None:
         if isinstance(event, SampleFinished):
-            self.completions[event.completion.sample_id] = event.completion
+            c = self.completions[event.completion.sample_id] = event.completion
+            if self._history is not None:  # before the controller dispatches on it
+                self._history.record([c.request], [c.output_tokens])
         for command in self.controller.handle(event):
             self._execute(command)
 

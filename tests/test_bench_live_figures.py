@@ -48,17 +48,17 @@ def test_figures_pool_every_rounds_samples_and_time():
 def test_every_round_trains_the_model_the_server_serves(monkeypatch, tmp_path):
     """Rounds vary run.seed, and the tiny model is built from run.seed: the rounds must
     keep the one model the shared server was started with."""
+    import runtime.launcher
     from experiments import bench_live
 
     built, paths = [], []
     monkeypatch.setattr(bench_live, "model_dir_for", lambda spec: built.append(spec.run.seed) or "/m")  # fmt: skip
-    monkeypatch.setattr(bench_live, "ranker_for", lambda spec, live: None)
 
-    def fake_run(spec, out, predictor, on_step):
+    def fake_run(spec, out_dir, length_predictor=None, force_new_spec=False, **_):
         paths.append((spec.run.seed, spec.model.path))
         return _run(16, 2.0, [0.01])
 
-    monkeypatch.setattr(bench_live, "run_live", fake_run)
+    monkeypatch.setattr(runtime.launcher, "run_live", fake_run)
     base = load_spec(CONFIG)
     bench_live.bench_modes(base, "http://127.0.0.1:1", "t", tmp_path, rounds=2)
     assert built == [base.run.seed]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from helpers import write_cost_model
 
-import experiments.bench_live
 import runtime.launcher
 from experiments.bench_live import MODES, bench_modes
 from experiments.cli import main
@@ -36,15 +35,16 @@ def _spec(*overrides: str):
 
 
 class FakeLive:
-    """Stands in for ``runtime.launcher.run_live``: records the predictor it was handed
-    and returns a simulated run of the spec (with the sim's fitted ranker)."""
+    """Stands in for ``runtime.launcher.run_live`` (with its signature): records the
+    predictor it was handed and returns a simulated run of the spec (with the sim's
+    fitted ranker)."""
 
     def __init__(self) -> None:
         self.predictors: list = []
 
     def __call__(
-        self, spec, out_dir, length_predictor=None, on_step=None, force_new_spec=False,
-        ray_address=None,
+        self, spec, out_dir, length_predictor=None, force_new_spec=False, after_step=None,
+        on_step=None, ray_address=None,
     ):  # fmt: skip
         self.predictors.append(length_predictor)
         result = Simulation(spec, ranker=ranker_for(spec)).run(on_step=on_step)
@@ -82,7 +82,7 @@ def test_a_fidelity_case_accepts_the_ranker_live_and_in_its_twin(monkeypatch, tm
 
 def test_bench_live_hands_every_mode_an_online_ranker(monkeypatch, tmp_path, cost):
     fake = FakeLive()
-    monkeypatch.setattr(experiments.bench_live, "run_live", fake)
+    monkeypatch.setattr(runtime.launcher, "run_live", fake)
     base = _spec(f"sim.cost_model=profiled:{cost}")
     figures = bench_modes(base, "http://x", "t", tmp_path / "bench", rounds=1)
     assert set(figures["samples_per_s"]) == set(MODES)

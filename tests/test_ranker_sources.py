@@ -22,7 +22,9 @@ from experiments.ranker_source import CrossFitRanker
 from experiments.specs import config_path
 from policies.records import Request
 from policies.spec import SpecError, load_spec
+from ranker.features import history_features
 from ranker.online import RankerPredictor
+from ranker.traces import requests_frame
 from sim.simulator import Simulation
 
 SMALL = [
@@ -37,6 +39,10 @@ def _spec(*overrides: str):
 
 @pytest.fixture()
 def model_file(tmp_path) -> Path:
+    return fit_model_file(tmp_path)
+
+
+def fit_model_file(tmp_path: Path) -> Path:
     """A ranker fitted with ``tandem ranker fit --no-text`` on a trace of another seed."""
     trace = tmp_path / "other.parquet"
     workload_trace(_spec("run.seed=7"), 6).to_parquet(trace)
@@ -86,13 +92,30 @@ def test_a_sim_run_ranks_with_the_file_it_is_given(tmp_path, model_file):
     assert metrics["ranker_spearman"] > 0.5 and metrics["ranker_predicted_share"] == 1.0
     assert f"ranker: file {model_file}" in (out / "run.log").read_text()
     assert load_spec(out / "spec.yaml").policies.ranker_path == str(model_file)
-    # the run's predictions are the file's model on the run's own history
+    # the run's predictions are the file's model on the run's own history: stream-async
+    # never overlaps iterations, so the samples finished at a dispatch are all those of
+    # the earlier iterations
     spec = _spec(f"policies.ranker_path={model_file}")
     from_file = RankerPredictor.load(model_file)
     from_file.replace_history(workload_trace(spec, spec.run.iterations))
-    expected = Simulation(spec, ranker=from_file).run().samples_frame()
+    expected = Simulation(spec, ranker=_PredictOnly(from_file)).run().samples_frame()
     ran = pd.read_parquet(out / "samples.parquet")  # same predictions, sample by sample
-    assert ran["predicted_output_tokens"].tolist() == expected["predicted_output_tokens"].tolist()
+    assert ran["predicted_output_tokens"].tolist() == pytest.approx(
+        expected["predicted_output_tokens"].tolist(), rel=1e-12
+    )
+
+
+class _PredictOnly:
+    """A ranker the simulator records nothing into: its history is what it was given."""
+
+    def __init__(self, ranker: RankerPredictor) -> None:
+        self.ranker = ranker
+
+    def fit(self, requests, output_tokens) -> None:
+        raise AssertionError("not fitted in a run")
+
+    def predict(self, requests) -> list:
+        return self.ranker.predict(requests)
 
 
 def _refused(tmp_path: Path, path: Path, capsys) -> str:
@@ -194,7 +217,7 @@ def test_the_built_in_sim_ranker_is_not_fitted_on_the_runs_lengths(monkeypatch):
     assert not np.array_equal(fitted["output_tokens"], same_rows["output_tokens"])
     corr = np.corrcoef(np.log(fitted["output_tokens"]), np.log(same_rows["output_tokens"]))
     assert abs(corr[0, 1]) < 0.3  # held-out draws: independent of the run's lengths
-    assert ranker.observations["output_tokens"].tolist() == run["output_tokens"].tolist()
+    assert ranker.observations.empty  # the run records its samples as they finish
     assert "held-out draws" in ranker.source
 
 
@@ -235,3 +258,32 @@ def test_a_run_says_how_its_ranker_was_fitted_and_how_well_it_ranked(tmp_path):
 def test_a_missing_model_file_is_refused_by_ranker_for_too(tmp_path):
     with pytest.raises(ValueError, match="policies.ranker_path: .* does not exist"):
         source.ranker_for(_spec(f"policies.ranker_path={tmp_path / 'gone'}"))
+
+
+# -- the history a sim request is ranked on ----------------------------------------------------
+
+
+def test_a_sim_request_is_ranked_on_the_samples_finished_before_its_dispatch(monkeypatch):
+    """Seen: the history was the run's whole trace, so in a mode that overlaps iterations
+    a request also saw earlier samples of its prompt still running (one iteration an
+    epoch: every prompt recurs in the next iteration)."""
+    spec = _spec("pipeline.mode=pipeline", "workload.num_prompts=64")
+    counts: dict[int, float] = {}  # sample id -> history rows its prediction saw
+    real = RankerPredictor.predict
+
+    def spy(self, requests):
+        seen = history_features(self.observations, requests_frame(requests))[:, 0]
+        counts.update(zip([r.sample_id for r in requests], np.nan_to_num(seen), strict=True))
+        return real(self, requests)
+
+    monkeypatch.setattr(RankerPredictor, "predict", spy)
+    samples = Simulation(spec, ranker=ranker_for(spec)).run().samples_frame()
+    by_prompt = dict(list(samples.groupby("prompt_id")))
+    late = 0
+    for s in samples.itertuples():
+        earlier = by_prompt[s.prompt_id]
+        earlier = earlier[earlier["iteration"] < s.iteration]
+        finished = (earlier["gen_end_s"] <= s.dispatch_s).sum()
+        assert counts[s.sample_id] == finished, s
+        late += len(earlier) - finished
+    assert late > 0  # samples still running at a later dispatch of their prompt

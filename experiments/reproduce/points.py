@@ -111,12 +111,10 @@ def _cross_dc_syncs(result: RunResult) -> list[float]:
 
 def run_one(point: Point) -> PointResult:
     """Simulate one point; a failure becomes a result with its error, never an exception."""
-    from experiments.predictors import ranker_for
-    from sim.simulator import Simulation
+    from experiments.runs import simulate
 
     try:
-        spec = point.spec()
-        return summarize(point, Simulation(spec, ranker=ranker_for(spec)).run())
+        return summarize(point, simulate(point.spec()))
     except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
         message = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
         return PointResult(point, {}, 0, 0, error=message)
