@@ -3,13 +3,16 @@
 The operators' math lives in :class:`policies.calibrated.CalibratedCosts`, shared with
 live dispatch; this adapter adds the decode law in integer ticks that the engine
 fast-forwards, and prices a decode step through that law (so the sim's dispatch sees the
-very step times its engines take, rounded to ticks).
+very step times its engines take, rounded to ticks). It also prices the one thing a
+profile cannot hold for another trainer size: the gradient all-reduce over the run's
+trainer GPUs (:meth:`CalibratedCostModel.grad_sync_s`, ``sim.comm``).
 """
 
 from __future__ import annotations
 
 from policies.calibrated import CalibratedCosts
 from policies.protocols import Device
+from sim.comm import Fabric, exposed_grad_allreduce_s
 from sim.ticks import DecodeLaw, to_seconds, to_ticks
 
 
@@ -39,3 +42,21 @@ class CalibratedCostModel(CalibratedCosts):
 
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
         return to_seconds(self.decode_law(device, max(1, batch_size)).step(context_tokens))
+
+    def grad_sync_s(self, device: Device, backward_tokens: float, fabric: Fabric | None) -> float:
+        """The gradient all-reduce over ``device``'s GPUs that the profile does not contain:
+        its exposed part (``sim.comm.exposed_grad_allreduce_s``: the push's bytes, as
+        gradients take their weights' dtype, behind one GPU's measured backward of
+        ``backward_tokens``) less that of the profiled trainer's GPUs, which the measured
+        times already include. 0 without a fabric (a trainer hardware.csv does not list,
+        such as ``cpu``)."""
+        if fabric is None:
+            return 0.0
+        profiled = self.setup.trainer_num_gpus or 1
+        tokens = backward_tokens * self.training_share(Device(device.hardware, 1))
+        backward = self.fits["backward"](tokens=tokens)
+        run, measured = (
+            exposed_grad_allreduce_s(self.weight_bytes, n, backward, fabric)
+            for n in (device.num_gpus, profiled)
+        )
+        return max(0.0, run - measured)
