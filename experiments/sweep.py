@@ -19,7 +19,7 @@ import functools
 import itertools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import pandas as pd
 from rich.progress import Progress
 
 from experiments.sweep_point import (
+    WARNINGS,
     PointPool,
     Row,
     base_from_yaml,
@@ -137,7 +138,7 @@ def _done_rows(out: Path, points: list[dict]) -> dict[int, dict]:
 def run_sweep(
     base: RunSpec, axes: list[GridAxis], out: Path, workers: int | None = None,
     quiet: bool = False, point_timeout_s: float | None = None, ray_address: str | None = None,
-    left_out: dict[int, str] | None = None,
+    left_out: dict[int, str] | None = None, warned: Collection[str] = (),
 ) -> SweepResult:  # fmt: skip
     """Every point of the grid ``axes`` over ``base``, simulated into ``out``; the table.
 
@@ -145,7 +146,9 @@ def run_sweep(
     ``"local"`` in a Ray instance started for the sweep on 127.0.0.1 with ``workers`` CPUs
     (default: this machine's cores); ``"auto"`` or ``host:port`` on that Ray cluster, at
     most ``workers`` points at once (default: as many as it runs). ``left_out``: points
-    not run, by index, with why (``--skip-invalid``; listed in ``left_out.csv``)."""
+    not run, by index, with why (``--skip-invalid``; listed in ``left_out.csv``).
+    ``warned``: warnings already said (the points' checks); a point's run says the others,
+    each once."""
     points = grid_points(axes)
     out.mkdir(parents=True, exist_ok=True)
     _check_same_sweep(out, base, points)
@@ -154,7 +157,13 @@ def run_sweep(
     left_out = left_out or {}
     _save_left_out(out, points, left_out)
 
+    said = set(warned)
+
     def on_row(index: int, row: Row) -> None:
+        for warning in row.pop(WARNINGS, ()):  # each once, and not what the checks said
+            if warning not in said:
+                said.add(warning)
+                log.warning("grid point %d (%s): %s", index, point_dir(out, index), warning)
         row = {"point": index, **points[index], **row}
         rows[index] = row
         if row.get("error") is not None:

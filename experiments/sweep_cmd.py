@@ -87,16 +87,18 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
     from experiments.plots import sweep_summary
     from experiments.sweep import grid_points, parse_grid, run_sweep
     from experiments.sweep_point import check_point_specs
+    from policies.logs import noted_warnings
 
     axes = [parse_grid(g) for g in args.grid]
     points = grid_points(axes)  # a repeated key or value is refused before --out is made
     check_untracked(spec, [axis.key for axis in axes])
     # so is an impossible point (unless left out), before any point runs
-    left_out = check_point_specs(spec, points, args.skip_invalid)
+    with noted_warnings() as warned:  # said once here; the points' runs keep them quiet
+        left_out = check_point_specs(spec, points, args.skip_invalid)
     out = check_out_dir(args.out)
     result = run_sweep(
         spec, axes, out, args.workers, point_timeout_s=args.point_timeout,
-        ray_address=args.ray, left_out=left_out,
+        ray_address=args.ray, left_out=left_out, warned=warned,
     )  # fmt: skip
     if left_out:
         console.print(

@@ -20,12 +20,13 @@ import yaml
 from experiments.runs import check_run, simulate
 from experiments.worker_pool import over_time
 from policies.inert_keys import log_inert_keys
-from policies.logs import run_log
+from policies.logs import held_warnings, run_log
 from policies.spec import RunSpec, SpecError, override_spec, read_yaml
 
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]  # a point's values, its metrics or its error (the sweep's table row)
+WARNINGS = "warnings"  # a row's key for what its run warned of (the sweep logs, not keeps, it)
 OnRow = Callable[[int, Row], None]
 
 
@@ -86,21 +87,25 @@ def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> Row
 
     ``out_dir``: where the point's run files go (spec.yaml, metrics.json, run.log...); its
     metrics (and the row) say where its ranker came from and how well it ranked, as a
-    ``tandem run``'s do."""
+    ``tandem run``'s do. What the run warned of goes to its run.log, not to the console,
+    and comes back under the row's :data:`WARNINGS` key: the sweep says each once."""
     row: Row = dict(point)
-    try:
-        spec = point_spec(base, point)
-        if out_dir is None:
-            result = simulate(spec)
-        else:
-            with run_log(out_dir):
+    with held_warnings() as warned:  # in the point's run.log; the sweep says each once
+        try:
+            spec = point_spec(base, point)
+            if out_dir is None:
                 result = simulate(spec)
-                result.save(out_dir, trace_by_default=False)
-        row.update(result.metrics)
-        row["error"] = None
-    except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
-        row["error"] = f"{type(err).__name__}: {err}"
-        row["traceback"] = traceback.format_exc(limit=3)
+            else:
+                with run_log(out_dir):
+                    result = simulate(spec)
+                    result.save(out_dir, trace_by_default=False)
+            row.update(result.metrics)
+            row["error"] = None
+        except Exception as err:  # noqa: BLE001 - one failing point must not lose the others
+            row["error"] = f"{type(err).__name__}: {err}"
+            row["traceback"] = traceback.format_exc(limit=3)
+    if warned:
+        row[WARNINGS] = list(dict.fromkeys(warned))
     return row
 
 

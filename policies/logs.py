@@ -101,3 +101,17 @@ def held_warnings() -> Iterator[list[str]]:
         yield held.messages
     finally:
         root.handlers = saved
+
+
+@contextlib.contextmanager
+def noted_warnings() -> Iterator[list[str]]:
+    """While the block runs, the warnings' messages logged through the root logger are also
+    collected into the list yielded (they reach its handlers as before): what a command has
+    already said, so that work repeating it need not say it again."""
+    root = logging.getLogger()
+    noted = _Held()
+    root.addHandler(noted)
+    try:
+        yield noted.messages
+    finally:
+        root.removeHandler(noted)
