@@ -168,6 +168,8 @@ def candidate_spec(base: RunSpec, c: Candidate) -> RunSpec:
         length_predictor=c.policies.predictor,
         allocation="fixed",
     )
+    if c.policies.predictor != "ranker":  # the file is the ranker's alone (policies.spec)
+        data["policies"]["ranker_path"] = None
     return spec_from_dict(data)
 
 

@@ -34,6 +34,7 @@ class InertRule:
     keys: tuple[str, ...]
     reason: Reason
     simulated_only: bool = False  # the live runtime does not read these keys at all
+    live_only: bool = False  # the simulator reads these keys where the live runtime does not
 
 
 def _not_elastic(spec: RunSpec) -> str | None:
@@ -73,6 +74,13 @@ def _kind_is_not(kind: str) -> Reason:
     return reason
 
 
+def _attached(spec: RunSpec) -> str | None:
+    urls = spec.live.server_urls
+    if not urls:
+        return None
+    return f"live.server_urls is set: the run attaches to its {len(urls)} server(s), starts none"
+
+
 RULES: tuple[InertRule, ...] = (
     InertRule(
         (
@@ -96,6 +104,7 @@ RULES: tuple[InertRule, ...] = (
         simulated_only=True,
     ),
     InertRule(("workload.trace_path",), _kind_is_not("trace"), simulated_only=True),
+    InertRule(("live.num_servers",), _attached, live_only=True),
 )
 
 
@@ -119,7 +128,7 @@ def inert_keys(spec: RunSpec, live: bool = False) -> list[str]:
     defaults = RunSpec()
     lines = []
     for rule in RULES:
-        if rule.simulated_only and live:
+        if (rule.simulated_only and live) or (rule.live_only and not live):
             continue
         changed = [k for k in rule.keys if _value(spec, k) != _value(defaults, k)]
         if changed and (why := rule.reason(spec)) is not None:

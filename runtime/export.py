@@ -109,6 +109,16 @@ def _readable(folder: Path) -> None:
         path.chmod(0o644)
 
 
+def _temp_beside(out: Path) -> Path:
+    """A new private directory beside ``out``, renamed to it once complete; a ``ValueError``
+    naming ``--out`` where its parent cannot be written (not the temporary name)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+    except OSError as err:
+        raise ValueError(f"--out {out}: cannot write in {out.parent}: {err.strerror}") from None
+
+
 def export_policy(
     run_dir: str | Path, out_dir: str | Path, step: int | None = None, dtype: str = "auto"
 ) -> ExportInfo:
@@ -128,8 +138,7 @@ def export_policy(
     # a kept step's own file: last.pt moves on if the run is resumed
     ckpt = kept_checkpoints(run / CHECKPOINT_DIR).get(state["version"] - 1, ckpt)
     base = model_dir_for(spec)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+    tmp = _temp_beside(out)
     try:
         written = _write_model(base, state["model"], tmp, dtype)
         _copy_tokenizer(base, tmp)

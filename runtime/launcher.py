@@ -168,7 +168,7 @@ def _run_processes(
         )
         return asyncio.run(run)
     except (ProcessDied, TrainerFailed) as err:  # the run goes on from its checkpoint
-        raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
+        raise LiveRunError(f"{err}; {run_dir.how_to_go_on()}") from None
     finally:
         # its last checkpoint may still be writing; a stop's grace is one deadline, not two
         grace_s = spec.live.stop_grace_s

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -84,6 +85,13 @@ class ServerProcess:
     base_url: str
     proc: subprocess.Popen
     log_path: Path
+    log_start: int = 0  # where this process's output begins in the log (a restart appends)
+
+    def log_text(self) -> str:
+        """This process's own output (not an earlier process's, above it in the log)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self.log_start)
+            return log.read().decode(errors="replace")
 
 
 def start_server(
@@ -133,12 +141,25 @@ def start_server(
     def setup() -> None:
         die_with_parent(signal.SIGKILL, launcher_pid)
 
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:  # a restarted server keeps its predecessor's log
+        if log.tell() > 0:
+            log.write(_started_again(instance_id))
+            log.flush()  # before the new process writes to the same file
+        start = log.tell()
         proc = subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=setup,
             process_group=0, cwd=str(Path(__file__).resolve().parent.parent),
         )  # fmt: skip
-    return ServerProcess(instance_id, f"http://{host}:{port}", proc, log_path)
+    return ServerProcess(instance_id, f"http://{host}:{port}", proc, log_path, start)
+
+
+def _started_again(instance_id: int) -> bytes:
+    """The line between a server's earlier process's log and its new one's."""
+    when = datetime.now(UTC).isoformat(timespec="seconds")
+    line = (
+        f"===== generation server {instance_id} started again at {when}; above: its earlier process"
+    )
+    return f"\n{line} =====\n".encode()
 
 
 def describe_server(server: ServerProcess) -> str:
@@ -158,7 +179,7 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
     logger.info("waiting for server %d: vLLM engine start (~35 s on a CPU)", server.instance_id)
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            text = server.log_path.read_text(errors="replace")
+            text = server.log_text()
             error = server_died(server, "during start-up")
             raise ProcessDied(f"{error}{start_up_cause(text)}; its log ends:\n{text[-3000:]}")
         try:

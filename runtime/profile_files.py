@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 
 
-def kv_capacity_from_log(log_path: Path) -> int | None:
-    """The KV-cache size vLLM logs at start (``KV cache size: 1,234 tokens``)."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+def kv_capacity_from_log(text: str) -> int | None:
+    """The KV-cache size vLLM logs at start (``KV cache size: 1,234 tokens``) in a
+    server's log ``text`` (its own process's: ``ServerProcess.log_text``)."""
     match = re.search(r"KV cache size:\s*([\d,]+)\s*tokens", text)
     return int(match.group(1).replace(",", "")) if match else None
 

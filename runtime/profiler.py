@@ -129,7 +129,7 @@ def profile_runtime(
             _measure_server(spec, plan, tasks, server.base_url, token, trainer, tick)
         )
         tables.train, info = _measure_training(spec, plan, tasks, model_dir, train_cores, tick)
-        kv_tokens = kv_capacity_from_log(server.log_path)
+        kv_tokens = kv_capacity_from_log(server.log_text())
     finally:
         trainer.stop()
         stop_server(server)

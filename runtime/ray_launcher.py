@@ -72,7 +72,7 @@ def run_on_ray(
             )
             return asyncio.run(run)
         except ProcessDied as err:  # the last server or a trainer rank: resume from the checkpoint
-            raise LiveRunError(f"{err}; resume with: {run_dir.resume_command()}") from None
+            raise LiveRunError(f"{err}; {run_dir.how_to_go_on()}") from None
         finally:
             if servers is not None:
                 servers.stop_all()

@@ -96,6 +96,14 @@ class RunDir:
             ray += f" {self.ray_address}"
         return f"tandem run {self.spec_path} --live{ray} --out {self.path}"
 
+    def how_to_go_on(self) -> str:
+        """What a stopped run's error ends with: ``resume with: <command>`` once a step was
+        checkpointed, else that running the same command starts again from step 0."""
+        if readable(self.checkpoint) is not None:
+            return f"resume with: {self.resume_command()}"
+        again = self.resume_command()
+        return f"no step was checkpointed yet: running it again starts from step 0: {again}"
+
     def prepare(self, spec: RunSpec, force_new_spec: bool = False) -> None:
         """A fresh run writes its spec; a resumed one checks the spec against it."""
         self.path.mkdir(parents=True, exist_ok=True)

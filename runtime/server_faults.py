@@ -5,12 +5,12 @@ returned, and which servers form the weight group. A server is marked lost the m
 its stream breaks, a push finds it dead, its ``/health`` says its engine stalled or died
 while it holds requests, or (for servers this run started) its process exits; the loss
 reaches the actor's loop as a :class:`Lost` event, in order with the samples that server
-returned before it died, and becomes the controller's
-``InstanceLost``: its unreturned requests go to the other servers with the same sample
-ids (a returned sample is never sent again, so none is trained twice). Its process group
-is killed, the event is recorded (``faults.json``), and with ``live.restart_servers`` it
-is started again; once healthy it joins the weight group at the next push and comes back
-as ``InstanceAdded`` at that push's version. With no server left the run stops with
+returned before it died, and becomes the controller's ``InstanceLost``: its unreturned
+requests go to the other servers with the same sample ids (a returned sample is never
+sent again, so none is trained twice). Its process group is killed, the event is logged
+and recorded (``faults.json``), and with ``live.restart_servers`` it is started again;
+once healthy it joins the weight group at the next push and comes back as
+``InstanceAdded`` at that push's version. With no server left the run stops with
 :class:`ServersLost`, one line naming the dead process.
 """
 
@@ -115,8 +115,7 @@ class ServerFaults:
         self._inflight.get(instance_id, {}).pop(request.sample_id, None)
 
     def is_lost(self, instance_id: int) -> bool:
-        """True unless the server is serving or finishing before it retires (nothing more
-        is taken from it)."""
+        """True unless the server is serving or retiring (nothing more is taken from it)."""
         return self._state[instance_id] not in (State.SERVING, State.RETIRING)
 
     def mark_lost(self, instance_id: int, cause: str, description: str | None = None) -> None:
@@ -160,9 +159,8 @@ class ServerFaults:
                 running = self._inflight.get(instance_id, {})
                 again = tuple(r for r in requests if r.sample_id in running)
                 detail = f"its stream broke ({cause}); it answers /health: sent again"
-                log.warning(
-                    "generation server %d: %s (%d samples)", instance_id, detail, len(again)
-                )
+                log.warning("generation server %d: %s (%d samples)",
+                            instance_id, detail, len(again))  # fmt: skip
                 fault = Fault(self.actor.now(), instance_id, "retried", detail, len(again))
                 self.actor.recorder.fault(fault)
                 return again
@@ -212,6 +210,8 @@ class ServerFaults:
         actor.recorder.fault(Fault(now, i, "lost", description, len(requests)))
         if not any(state in (State.SERVING, State.RETIRING) for state in self._state.values()):
             raise ServersLost(description)
+        log.warning("generation server %d lost: %s; %d unreturned samples go to the others",
+                    i, description, len(requests))  # fmt: skip
         if i in actor.controller.views:
             self._views[i] = actor.controller.views[i]
         commands = actor.controller.handle(InstanceLost(now, i, requests))

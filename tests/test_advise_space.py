@@ -209,3 +209,18 @@ def test_a_lag_over_the_staleness_bound_is_refused_not_dropped():
         plan_space(small_spec(), SpaceOptions(axes=("lag=1,7",)))
     wide = plan_space(small_spec(), SpaceOptions(max_staleness=7, axes=("lag=1,7",)))
     assert 7 in {c.structure.lag for c in wide.candidates}
+
+
+def test_a_ranker_files_candidates_without_the_ranker_do_not_name_the_file(tmp_path):
+    """Seen: advise on a spec with ``policies.ranker_path`` spent 672 of 705 runs on
+    ``none``-predictor candidates its own spec refused (ranker_path needs the ranker)."""
+    data = small_spec().model_dump(mode="json")
+    data["policies"].update(length_predictor="ranker", ranker_path=str(tmp_path / "my.ranker"))
+    base = spec_from_dict(data)
+    space = plan_space(base, SpaceOptions(axes=("dispatch=least-loaded",)))
+    predictors = Counter(c.policies.predictor for c in space.candidates)
+    assert set(predictors) == {"ranker", "none"}
+    for c in space.candidates:
+        policies = candidate_spec(space.base, c).policies
+        ranked = c.policies.predictor == "ranker"
+        assert policies.ranker_path == (str(tmp_path / "my.ranker") if ranked else None)

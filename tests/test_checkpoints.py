@@ -56,6 +56,28 @@ def test_export_names_what_is_missing(tmp_path):
         export_policy(tmp_path, tmp_path / "out")
 
 
+def test_export_into_a_read_only_directory_names_out_not_its_temporary_name(tmp_path, monkeypatch):
+    """Before: ``[Errno 30] Read-only file system: '.../ro/.out.export-x1y2'``, a traceback."""
+    import errno
+    import os
+
+    import torch
+
+    import runtime.export as export
+
+    def read_only(dir: str, prefix: str) -> str:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), f"{dir}/{prefix}x1y2")
+
+    (tmp_path / "spec.yaml").write_text(f"run: {{name: x}}\nmodel: {{path: {tmp_path}}}\n")
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"version": 1, "model": {}}, tmp_path / "checkpoints" / "last.pt")
+    monkeypatch.setattr(export.tempfile, "mkdtemp", read_only)
+    out = tmp_path / "ro" / "out"
+    with pytest.raises(ValueError) as err:
+        export.export_policy(tmp_path, out)
+    assert str(err.value) == f"--out {out}: cannot write in {out.parent}: Read-only file system"
+
+
 def _write_dir(folder, text: str) -> None:
     folder.mkdir(parents=True)
     (folder / "__0_0.distcp").write_text(text)

@@ -99,6 +99,19 @@ def test_a_simulated_run_is_not_told_about_live_keys():
     assert inert_keys(spec) == []
 
 
+def test_a_live_run_attached_to_its_servers_is_told_num_servers_does_nothing():
+    """Before: ``num_servers: 2`` with one URL ran one server, saying nothing."""
+    spec = small_spec(live__num_servers=2, live__server_urls=["http://127.0.0.1:8400"])
+    assert inert_keys(spec, live=True) == [
+        "live.num_servers=2 has no effect: live.server_urls is set: the run attaches to its "
+        "1 server(s), starts none"
+    ]
+    assert inert_keys(spec) == []  # live.* keys are not reported in a simulated run
+    attached = small_spec(live__server_urls=["http://127.0.0.1:8400"])
+    assert inert_keys(attached, live=True) == []  # num_servers at its default
+    assert inert_keys(small_spec(live__num_servers=2), live=True) == []
+
+
 def test_tandem_run_warns_once_a_key_and_its_saved_spec_runs_again_without_a_word(tmp_path, capsys):
     spec = small_spec(policies__elastic__max_extra_instances=8, policies__predictor_recall=0.5)
     path = tmp_path / "spec.yaml"

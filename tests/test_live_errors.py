@@ -51,7 +51,7 @@ def test_a_trainer_call_that_raised_is_one_line_the_traceback_in_the_log(caplog)
     assert "Traceback" in caplog.text  # kept for whoever reads run.log
 
 
-def test_a_failed_trainer_call_ends_the_run_with_the_resume_command(tmp_path, monkeypatch):
+def _failed_trainer_call(tmp_path: Path, monkeypatch, checkpointed: bool) -> tuple[RunDir, str]:
     class _Trainer:
         pid = 1
 
@@ -72,12 +72,29 @@ def test_a_failed_trainer_call_ends_the_run_with_the_resume_command(tmp_path, mo
     spec = load_spec(CONFIG, [])
     run_dir = RunDir(tmp_path / "run")
     run_dir.prepare(spec)
+    if checkpointed:
+        run_dir.checkpoint.parent.mkdir(parents=True)
+        run_dir.checkpoint.write_bytes(b"a checkpoint")
     with pytest.raises(LiveRunError) as err:
         launcher._run_processes(spec, run_dir, None, None, None)
     assert not isinstance(err.value, TrainerFailed)
-    assert str(err.value) == (
+    return run_dir, str(err.value)
+
+
+def test_a_failed_trainer_call_ends_the_run_with_the_resume_command(tmp_path, monkeypatch):
+    run_dir, message = _failed_trainer_call(tmp_path, monkeypatch, checkpointed=True)
+    assert message == (
         "trainer checkpoint failed: RuntimeError: writing ...; resume with: "
         f"{run_dir.resume_command()}"
+    )
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_says_it_starts_again(tmp_path, monkeypatch):
+    """Before: "resume with: ..." although no step was checkpointed to resume from."""
+    run_dir, message = _failed_trainer_call(tmp_path, monkeypatch, checkpointed=False)
+    assert message == (
+        "trainer checkpoint failed: RuntimeError: writing ...; no step was checkpointed yet: "
+        f"running it again starts from step 0: {run_dir.resume_command()}"
     )
 
 

@@ -45,8 +45,7 @@ def test_a_dead_actor_is_named_by_rays_reason_without_its_ids_or_advice():
     assert "Some common causes" not in line and "actor_id" not in line and "\n" not in line
 
 
-def test_a_trainer_rank_that_dies_on_ray_ends_with_the_resume_command(monkeypatch, tmp_path):
-    """Before: only a lost server got ``resume with:``; a dead rank ended without it."""
+def _rank_died_on_ray(monkeypatch, tmp_path, checkpointed: bool) -> tuple[RunDir, str]:
     died = ProcessDied("trainer rank 0 (Ray actor, pid 7) died during step: gone.")
 
     class FakeRay:
@@ -67,13 +66,31 @@ def test_a_trainer_rank_that_dies_on_ray_ends_with_the_resume_command(monkeypatc
     monkeypatch.setattr(ray_launcher, "_make", lambda *a: (_Stops(), _Stops()))
     monkeypatch.setattr(ray_launcher, "_start_and_drive", lambda *a: fake_drive())
     run_dir = RunDir(tmp_path / "run", "local")
+    if checkpointed:
+        run_dir.checkpoint.mkdir(parents=True)  # last.dcp, a directory
     spec = _spec("live.device=cpu")
     with pytest.raises(LiveRunError) as caught:
         ray_launcher.run_on_ray(spec, run_dir, "local", None, None, None)
-    message = str(caught.value)
+    return run_dir, str(caught.value)
+
+
+def test_a_trainer_rank_that_dies_on_ray_ends_with_the_resume_command(monkeypatch, tmp_path):
+    """Before: only a lost server got ``resume with:``; a dead rank ended without it."""
+    run_dir, message = _rank_died_on_ray(monkeypatch, tmp_path, checkpointed=True)
     assert message.startswith("trainer rank 0 (Ray actor, pid 7) died during step: gone.")
     assert message.endswith(f"; resume with: tandem run {run_dir.spec_path} --live --ray "
                             f"--out {run_dir.path}")  # fmt: skip
+
+
+def test_a_rank_that_dies_on_ray_before_a_checkpoint_says_the_run_starts_again(
+    monkeypatch, tmp_path
+):
+    """Before: "resume with: ..." although no step was checkpointed to resume from."""
+    run_dir, message = _rank_died_on_ray(monkeypatch, tmp_path, checkpointed=False)
+    assert message.endswith(
+        "; no step was checkpointed yet: running it again starts from step 0: "
+        f"tandem run {run_dir.spec_path} --live --ray --out {run_dir.path}"
+    )
 
 
 class _Stops:

@@ -76,6 +76,19 @@ def test_a_lost_servers_samples_go_to_the_other_with_their_ids_and_none_twice(mo
     assert trainer.joins and trainer.joins[0] == ["http://fake-0"]  # the group without it
 
 
+def test_a_lost_server_is_logged_naming_it_why_and_its_resubmitted_samples(caplog):
+    """Before: the loss went to faults.json only, not to the console or run.log."""
+    actor, world, trainer, recorder = fake_actor("stream-async", 2, break_after=3, restart=False)
+    with caplog.at_level("WARNING", logger="runtime.server_faults"):
+        asyncio.run(run_actor(actor))
+    (lost,) = [f for f in recorder.faults if f.event == "lost"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "runtime.server_faults"]
+    assert warnings == [
+        f"generation server 1 lost: generation server 1 (pid 41) killed by SIGKILL; "
+        f"{lost.num_resubmitted} unreturned samples go to the others"
+    ]
+
+
 def test_a_restarted_server_rejoins_at_the_next_push_and_serves_that_version():
     actor, world, trainer, recorder = fake_actor("stream-async", 2, break_after=2, restart=True)
 

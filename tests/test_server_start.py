@@ -37,3 +37,35 @@ def test_the_kv_cache_reaches_vllm_in_bytes_not_rounded_to_whole_gib():
     args = vllm_args("/nonexistent", "127.0.0.1", 8400, 512, 64, kv_cache_gib=0.25)
     assert args.kv_cache_memory_bytes == GIB // 4
     assert vllm_args("/nonexistent", "127.0.0.1", 8400, 512, 64).kv_cache_memory_bytes is None
+
+
+def test_a_restarted_server_appends_to_its_log_keeping_the_dead_ones_traceback(
+    tmp_path, monkeypatch
+):
+    """Before: the restart opened ``server-1.log`` with "wb", and the traceback of the
+    server that died (the log faults.json names) was gone."""
+    import subprocess
+    from types import SimpleNamespace
+
+    import runtime.procs as procs
+
+    said = iter([b"Traceback: the engine died\n", b"INFO healthy again\n"])
+
+    def popen(cmd, stdout, **kwargs):
+        stdout.write(next(said))  # what the server process writes to its log
+        return SimpleNamespace(pid=7)
+
+    monkeypatch.setattr(procs, "port_in_use", lambda host, port: False)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    for _ in range(2):
+        server = procs.start_server(1, "model", "127.0.0.1", 8401, "t", [0], 1.0, 64, 4, tmp_path)
+    lines = server.log_path.read_text().splitlines()
+    assert server.log_path == tmp_path / "server-1.log"
+    assert lines[0] == "Traceback: the engine died"
+    assert lines[1] == ""
+    assert lines[2].startswith("===== generation server 1 started again at ")
+    assert lines[2].endswith("; above: its earlier process =====")
+    assert lines[3:] == ["INFO healthy again"]
+    # what start-up errors and the profiler's KV size read: the new process's output only
+    assert server.log_text() == "INFO healthy again\n"
+    assert "engine died" not in procs.start_up_cause(server.log_text())
