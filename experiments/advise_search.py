@@ -8,25 +8,23 @@
 
 Every candidate carries an optimistic value ``U``: its full-run value once known; else
 its short value times ``rho[mode]``, the largest full/short ratio seen in its mode (the
-best short run of a mode with no such pair yet goes on to a full run first); else its
-estimate times ``rho`` and a learned factor. The factor comes from
-``log(short / estimate) = s[structure] + b[policy]`` fitted to the short runs so far:
-``b`` is what a policy choice costs relative to the best one (among policies the runs
-connect through shared structures; counted only beyond ``POLICY_Z`` standard errors),
-``s`` how close a structure comes to its estimate. An unrun candidate gets its policy's
-``b`` plus the model's largest residual, and its structure's own ``s`` where that
-structure was run (with a policy connected to its own), else ``max(0, highest s seen in
-its mode)``: the estimate is treated as an upper bound (it ignores dispatch skew, prefill
-and weight pushes), raised where a run ever beat it. A mode or policy with no short run
-yet has ``U = inf`` and is explored first (highest estimate first).
+best short run of a mode with no such pair yet goes on to a full run first); else its estimate times ``rho`` and a learned factor.
+The factor comes from ``log(short / estimate) = s[structure] + b[policy]`` fitted to the
+short runs so far: ``b`` is what a policy choice costs relative to the best one (among
+policies the runs connect through shared structures; counted only beyond ``POLICY_Z``
+standard errors), ``s`` how close a structure comes to its estimate. An unrun candidate
+gets its policy's ``b`` and ``max(0, highest s seen in its mode)`` plus the model's
+largest residual: the
+estimate is treated as an upper bound (it ignores dispatch skew, prefill and weight
+pushes), raised where a run ever beat it. A mode or policy with no short run yet has
+``U = inf`` and is explored first (highest estimate first).
 
 Each step runs the candidate with the highest ``U`` one level further; but a short run
-whose expected full value (its value times the smallest full/short ratio seen in its
-mode) beats the best full run goes on to its full run first (the incumbent stays current,
-which prunes more and leaves a good answer when the budget ends the search). The search
-stops when no candidate's ``U`` exceeds the best full-run value (the best is then optimal
-as far as the model's observed errors go), or when the budget runs out; candidates whose
-``U`` is below the best at that point count as ruled out, the rest as not covered.
+whose own value beats the best full run goes on to its full run first (the incumbent stays
+current, which prunes more and leaves a good answer when the budget ends the search). The search stops
+when no candidate's ``U`` exceeds the best full-run value (the best is then optimal as far
+as the model's observed errors go), or when the budget runs out; candidates whose ``U``
+is below the best at that point count as ruled out, the rest as not covered.
 """
 
 from __future__ import annotations
@@ -39,15 +37,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 from experiments.advise_eval import Evaluation, short_iterations
-from experiments.advise_fit import connected_parts, two_way_fit
 from experiments.advise_space import Candidate
 
 PRIOR_RHO = 1.1  # full / short before any pair is seen
 RHO_MARGIN = 1.005
 MIN_LOG_MARGIN = math.log(1.02)
 POLICY_Z = 2.0  # standard errors a policy's fitted cost must clear before it prunes
+BACKFIT_SWEEPS = 200
 GRACE_S = 10.0  # past the deadline, for runs started before it
 
 
@@ -140,10 +140,9 @@ class SearchState:
     def upper(self) -> np.ndarray:
         """``U`` of every candidate (see the module docstring)."""
         rho = self._rho()[self.mode_idx]
-        ceiling, effect, known_mode, known_policy, own = self._fit()
-        factor = np.minimum(ceiling[self.mode_idx], own)  # a structure run: its own s
+        ceiling, effect, known_mode, known_policy = self._fit()
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            pred = self.estimate * np.exp(factor + effect[self.policy_idx]) * rho
+            pred = self.estimate * np.exp(ceiling[self.mode_idx] + effect[self.policy_idx]) * rho
         known = known_mode[self.mode_idx] & known_policy[self.policy_idx]
         u = np.where(known, pred, np.inf)
         u = np.where(np.isnan(self.short), u, self.short * rho)
@@ -172,40 +171,28 @@ class SearchState:
             rho[m] = float(ratios[self.mode_idx[pairs] == m].max()) * RHO_MARGIN
         return rho
 
-    def expected_full(self) -> np.ndarray:
-        """Each short run's value times the smallest full/short ratio seen in its mode (1
-        before any): what its full run is expected to give, at the least."""
-        pairs = ~np.isnan(self.short) & ~np.isnan(self.full) & (self.short > 0)
-        low = np.full(self.num_modes, np.inf)
-        np.minimum.at(low, self.mode_idx[pairs], self.full[pairs] / self.short[pairs])
-        low[np.isinf(low)] = 1.0
-        return self.short * low[self.mode_idx]
-
-    def _fit(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _fit(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``log(short / estimate) = s[structure] + b[policy]`` by least squares, ``b`` shifted
         so the best policy of each connected part of the runs has 0. Returns per mode the
         ceiling ``max(0, max s)`` over its structures run so far plus the largest residual
-        (the model's worst miss, at least ``MIN_LOG_MARGIN``), per policy its cost
-        ``min(0, b + POLICY_Z standard errors)``, and per candidate whose structure was run
-        (with a policy its own connects to) that structure's ``s`` plus the same margin (inf
-        for the others): a structure's other policies are priced from its own runs."""
+        (the model's worst miss, at least ``MIN_LOG_MARGIN``), and per policy its cost
+        ``min(0, b + POLICY_Z standard errors)``."""
         obs = np.flatnonzero(~np.isnan(self.short) & (self.short > 0) & (self.estimate > 0))
         ceiling = np.zeros(self.num_modes)
         effect = np.zeros(self.num_policies)
         known_mode = np.bincount(self.mode_idx[obs], minlength=self.num_modes) > 0
         known_policy = np.bincount(self.policy_idx[obs], minlength=self.num_policies) > 0
-        own = np.full(len(self.candidates), np.inf)
         if not obs.size:
-            return ceiling, effect, known_mode, known_policy, own
+            return ceiling, effect, known_mode, known_policy
         struct = self.structure_idx[obs]
         policy = self.policy_idx[obs]
         y = np.log(self.short[obs] / self.estimate[obs])
-        s_effect, b = two_way_fit(y, struct, policy, self.num_structures, self.num_policies)
+        s_effect, b = _two_way_fit(y, struct, policy, self.num_structures, self.num_policies)
         residual = y - s_effect[struct] - b[policy]
         margin = max(MIN_LOG_MARGIN, float(residual.max()))
         # b is known only up to a constant within each connected part of the runs' policy-
         # structure graph: each part's best policy is its 0
-        part = connected_parts(struct, policy, self.num_structures, self.num_policies)
+        part = _parts(struct, policy, self.num_structures, self.num_policies)
         shift = np.full(part.max() + 1, -np.inf)
         np.maximum.at(shift, part[: self.num_policies][known_policy], b[known_policy])
         seen = np.bincount(struct, minlength=self.num_structures) > 0
@@ -226,10 +213,36 @@ class SearchState:
         s_effect = np.where(seen, s_effect + shift[part[self.num_policies :]], -np.inf)
         for m in np.unique(modes[seen]):
             ceiling[m] = max(0.0, float(s_effect[modes == m].max())) + margin
-        st, po = self.structure_idx, self.policy_idx
-        linked = seen[st] & known_policy[po] & (part[self.num_policies + st] == part[po])
-        own[linked] = s_effect[st[linked]] + margin
-        return ceiling, effect, known_mode, known_policy, own
+        return ceiling, effect, known_mode, known_policy
+
+
+def _parts(
+    structures: np.ndarray, policies: np.ndarray, num_structures: int, num_policies: int
+) -> np.ndarray:
+    """Connected part of every policy (first ``num_policies``) and structure (the rest) in
+    the graph whose edges are the runs (a policy and a structure run together)."""
+    n = num_policies + num_structures
+    edges = coo_matrix(
+        (np.ones(len(policies)), (policies, num_policies + structures)), shape=(n, n)
+    )
+    return connected_components(edges, directed=False)[1]
+
+
+def _two_way_fit(
+    y: np.ndarray, rows: np.ndarray, cols: np.ndarray, num_rows: int, num_cols: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares of ``y = r[rows] + c[cols]`` by alternating means (backfitting): each
+    sweep is exact for one side given the other, so it converges to a least-squares fit."""
+    r, c = np.zeros(num_rows), np.zeros(num_cols)
+    n_rows = np.maximum(np.bincount(rows, minlength=num_rows), 1)
+    n_cols = np.maximum(np.bincount(cols, minlength=num_cols), 1)
+    for _ in range(BACKFIT_SWEEPS):
+        r = np.bincount(rows, y - c[cols], minlength=num_rows) / n_rows
+        c_new = np.bincount(cols, y - r[rows], minlength=num_cols) / n_cols
+        if np.abs(c_new - c).max() < 1e-9:
+            return r, c_new
+        c = c_new
+    return r, c
 
 
 def search(
@@ -314,11 +327,11 @@ class _Runner:
         return int(top[np.lexsort((s.estimate[top], seen))[-1]])
 
     def _challenger(self, open_: np.ndarray) -> int | None:
-        """The best short run, if its expected full value (``expected_full``) already beats
-        the best full run: it goes on at once, so the incumbent stays current (and prunes
-        more) even when the budget ends the search early."""
+        """The best short run, if its own value already beats the best full run: it goes
+        on at once, so the incumbent stays current (and prunes more) even when the budget
+        ends the search early."""
         s = self.state
-        shorts = np.where(open_ & ~np.isnan(s.short), s.expected_full(), -np.inf)
+        shorts = np.where(open_ & ~np.isnan(s.short), s.short, -np.inf)
         j = int(np.argmax(shorts))
         return j if shorts[j] > s.best()[1] else None
 

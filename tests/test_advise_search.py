@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from experiments.advise_eval import Evaluation
 from experiments.advise_plan import SpaceOptions, plan_space
-from experiments.advise_search import SearchConfig, SearchState, _Runner, search
+from experiments.advise_search import SearchConfig, SearchState, search
 from experiments.advise_space import Candidate
 from tests.test_advise_space import small_spec
 
@@ -142,45 +142,3 @@ def test_estimates_that_overshoot_some_modes_are_learned():
         estimates[i] *= 3.0
     result = search(SearchState(SPACE.candidates, estimates), FakeEvaluator(values), _config())
     assert result.best_value == max(values.values())
-
-
-def _two_structures_of_one_mode() -> tuple[list[int], list[int]]:
-    """Indices of two policies' candidates on two structures of one mode: ``(s1p1, s1p2)``
-    and ``(s2p1, s2p2)``."""
-    by_structure: dict = {}
-    for i, c in enumerate(SPACE.candidates):
-        by_structure.setdefault(c.structure, {})[c.policies] = i
-    mode = SPACE.candidates[0].structure.mode_variant
-    pairs = []
-    for structure, policies in by_structure.items():
-        if structure.mode_variant == mode and len(policies) >= 2:
-            pairs.append([policies[p] for p in sorted(policies)[:2]])
-        if len(pairs) == 2:
-            return pairs[0], pairs[1]
-    raise AssertionError("the space has no two such structures")
-
-
-def test_a_structures_untried_policy_is_priced_from_that_structures_own_runs():
-    """Before: an untried policy of a structure already run was priced from the mode's best
-    structure (the estimate times its largest ratio), so a structure whose estimate
-    overshoots twofold had each of its policies tried in turn."""
-    (a1, a2), (b1, b2) = _two_structures_of_one_mode()
-    estimates = [10.0] * len(SPACE.candidates)
-    state = SearchState(SPACE.candidates, estimates)
-    state.short[[a1, b1, b2]] = [5.0, 10.0, 10.0]  # structure a gives half its estimate
-    upper = state.upper()
-    assert upper[a2] < 6.0  # its own half, with the margins; before: over 10
-    assert upper[a2] < upper[b1]
-
-
-def test_a_short_run_whose_expected_full_value_beats_the_best_runs_in_full_next():
-    """Before: only a short run whose own value beat the best full run went on at once; in
-    a mode whose full runs come out 10 % above their short ones (pipeline) a short run
-    just under the best waited behind every unexplored mode and policy."""
-    (a1, a2), _ = _two_structures_of_one_mode()
-    state = SearchState(SPACE.candidates, [10.0] * len(SPACE.candidates))
-    state.short[a1], state.full[a1] = 10.0, 11.0
-    state.short[a2] = 10.5  # below 11, but 10.5 x 1.1 = 11.55 expected
-    runner = _Runner(state, FakeEvaluator({}), _config(), None)
-    assert runner._next(state.upper()) == a2
-    assert runner._level(a2) == FULL
