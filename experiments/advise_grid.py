@@ -17,12 +17,17 @@ that regenerates the fixture, since the grid's figures are then stale.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
+import itertools
 import json
 import logging
+import multiprocessing
+import multiprocessing.context
+import resource
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,24 +122,48 @@ def grid_row(c: Candidate, full: Evaluation, short: Evaluation | None) -> dict[s
     return row
 
 
-def generate(name: str, out: Path, log: bool = True) -> Path:
+def _grid_row(base: RunSpec, c: Candidate) -> dict[str, Any]:
+    """One candidate's row: its full run, and the short run the search would make."""
+    full_iterations = base.run.iterations
+    iters = short_iterations(c, full_iterations)
+    short = run_candidate(base, c, iters) if iters else None
+    return grid_row(c, run_candidate(base, c, full_iterations), short)
+
+
+def generate(name: str, out: Path, log: bool = True, workers: int = 1) -> Path:
+    """Simulate every candidate of ``name``'s space (in ``workers`` processes; the rows
+    keep the space's order) and write its fixture."""
     space = bench_space(name)
-    full_iterations = space.base.run.iterations
-    rows, cpu0 = [], time.process_time()
-    for n, c in enumerate(space.candidates, 1):
-        iters = short_iterations(c, full_iterations)
-        short = run_candidate(space.base, c, iters) if iters else None
-        rows.append(grid_row(c, run_candidate(space.base, c, full_iterations), short))
-        if log and (n % 25 == 0 or n == len(space.candidates)):
-            logger.info(
-                "%s: %d/%d (%.0f s cpu)", name, n, len(space.candidates), time.process_time() - cpu0
-            )
+    rows: list[dict[str, Any]] = []
+    cpu0 = time.process_time() + _children_cpu_s()
+    with contextlib.ExitStack() as stack:
+        if workers > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(workers, mp_context=_spawn()))
+            made = pool.map(_grid_row, itertools.repeat(space.base), space.candidates)
+        else:
+            made = (_grid_row(space.base, c) for c in space.candidates)
+        for n, row in enumerate(made, 1):
+            rows.append(row)
+            if log and (n % 25 == 0 or n == len(space.candidates)):
+                cpu_s = time.process_time() + _children_cpu_s() - cpu0
+                logger.info("%s: %d/%d (%.0f s cpu)", name, n, len(space.candidates), cpu_s)
+    cpu_s = time.process_time() + _children_cpu_s() - cpu0
     frame = pd.DataFrame(rows)
-    meta = _meta(name, space, frame, time.process_time() - cpu0)
+    meta = _meta(name, space, frame, cpu_s)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / f"{name}.csv", frame.to_csv(index=False).encode())
     write_atomic(out / f"{name}.json", (json.dumps(meta, indent=1) + "\n").encode())
     return out / f"{name}.csv"
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (a pool's, once it has shut down)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _spawn() -> multiprocessing.context.BaseContext:
+    return multiprocessing.get_context("spawn")
 
 
 def _meta(name: str, space: Space, frame: pd.DataFrame, cpu_s: float) -> dict[str, Any]:
@@ -267,10 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("names", nargs="+", choices=BENCH_SPECS)
     parser.add_argument("--out", default=str(FIXTURES), help="fixture directory")
+    parser.add_argument("--workers", type=int, default=1, help="simulation processes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in args.names:
-        print(f"wrote {generate(name, Path(args.out))}")
+        print(f"wrote {generate(name, Path(args.out), workers=args.workers)}")
     return 0
 
 

@@ -258,10 +258,11 @@ def _caveats(advice: Advice) -> list[str]:
     out += [f"- {warning}" for warning in check_sim_run(advice.best_spec)]  # as tandem run says
     if (tp := advice.best.structure.tp) > 1:
         out.append(
-            f"- The advice runs tp {tp}. The simulator does not price tensor-parallel "
-            "communication (docs/sim-engine.md: an all-reduce per layer over NVLink), so a tp "
-            "this large may be slower in practice than it shows here, the more so for a small "
-            "model; compare with `--axis tp=1,2` or measure it (`tandem calibrate`)."
+            f"- The advice runs tp {tp}. The simulator prices its tensor-parallel "
+            "communication (docs/sim-engine.md: two ring all-reduces per layer over NVLink) as "
+            "a lower bound (full link rate, NCCL's smallest latency), so a tp this large may "
+            "be slower in practice than it shows here, the more so for a small model; compare "
+            "with `--axis tp=1,2` or measure it (`tandem calibrate`)."
         )
     if advice.best.policies.predictor in ("oracle", "noisy-oracle"):
         out.append(

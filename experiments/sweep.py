@@ -49,6 +49,7 @@ DEFAULT_WORKERS = 2  # local worker processes when none are asked for
 class SweepResult:
     frame: pd.DataFrame  # one row per point, in the grid's order
     num_already_done: int  # points a resumed sweep found done and did not simulate again
+    stopped_after_last: bool = False  # Ctrl-C (or SIGTERM) came once every point had run
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,24 +166,29 @@ def run_sweep(
                 said.add(warning)
                 log.warning("grid point %d (%s): %s", index, point_dir(out, index), warning)
         row = {"point": index, **points[index], **row}
-        rows[index] = row
         if row.get("error") is not None:
             _clear_failed(point_dir(out, index))
         write_atomic(point_dir(out, index) / "row.json", json.dumps(row, default=str).encode())
+        rows[index] = row  # only once its row.json is written
         bar.advance(task)
 
     jobs = [(i, p) for i, p in enumerate(points) if i not in rows and i not in left_out]
-    num_done = len(rows)
-    with (
-        _pool(base, out, workers, point_timeout_s, ray_address) as pool,
-        Progress(disable=quiet or not jobs) as bar,  # nothing left: no bar without an ETA
-    ):
-        name = f"sweep ({num_done} already done)" if num_done else "sweep"
-        task = bar.add_task(name, total=len(points) - len(left_out), completed=num_done)
-        run_jobs(pool, jobs, on_row)
+    num_done, stopped = len(rows), False
+    try:
+        with (
+            _pool(base, out, workers, point_timeout_s, ray_address) as pool,
+            Progress(disable=quiet or not jobs) as bar,  # nothing left: no bar without an ETA
+        ):
+            name = f"sweep ({num_done} already done)" if num_done else "sweep"
+            task = bar.add_task(name, total=len(points) - len(left_out), completed=num_done)
+            run_jobs(pool, jobs, on_row)
+    except KeyboardInterrupt:
+        if any(i not in rows for i, _ in jobs):
+            raise  # points were left to run: the sweep stops (a second one resumes)
+        stopped = True  # it came after the last point: there was nothing left to stop
     frame = pd.DataFrame([rows[i] for i in sorted(rows)]).reset_index(drop=True)
     _save(frame, out)
-    return SweepResult(frame, num_done)
+    return SweepResult(frame, num_done, stopped)
 
 
 @contextlib.contextmanager

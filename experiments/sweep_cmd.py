@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -16,6 +17,11 @@ from experiments.arg_types import positive_float, positive_int, ray_address
 from experiments.guards import check_out_dir
 from policies.spec import RunSpec, SpecError
 from runtime.ray_session import LOCAL_RAY
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from experiments.sweep import SweepResult
 
 
 def add_sweep_parser(
@@ -83,8 +89,8 @@ def check_untracked(spec: RunSpec, grid_keys: list[str]) -> None:
 
 def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console) -> int:
     """Run the sweep; print its outcome. Exit status 0, 1 if a point failed, 2 if every
-    point's spec was invalid."""
-    from experiments.plots import sweep_summary
+    point's spec was invalid. A Ctrl-C (or SIGTERM) once every point has run stops nothing
+    (it says so): the sweep is complete and exits as such."""
     from experiments.sweep import grid_points, parse_grid, run_sweep
     from experiments.sweep_point import check_point_specs
     from policies.logs import noted_warnings
@@ -100,20 +106,49 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
         spec, axes, out, args.workers, point_timeout_s=args.point_timeout,
         ray_address=args.ray, left_out=left_out, warned=warned,
     )  # fmt: skip
+    code, in_report = _exit_code(result.frame), False
+    try:  # every point has run: a Ctrl-C from here on stops nothing but this report
+        _report(result, left_out, len(points), [a.key for a in axes], out, console)
+    except KeyboardInterrupt:
+        in_report = True
+    if result.stopped_after_last or in_report:
+        frame = result.frame
+        missing = " (summary.png may be missing)" if in_report else ""
+        console.print(
+            f"[yellow]interrupted after every point had run[/yellow] ({len(frame)} points, "
+            f"{frame['error'].notna().sum()} failed): nothing was left to stop, the sweep is "
+            f"complete; results in [bold]{out}[/bold]{missing}"
+        )
+    return code
+
+
+def _exit_code(frame: pd.DataFrame) -> int:
+    """0; 1 if a point failed; 2 if every point's spec was invalid."""
+    failed = frame["error"].notna().sum()
+    if failed == len(frame) and frame["error"].str.startswith("SpecError").all():
+        return 2
+    return 1 if failed else 0
+
+
+def _report(
+    result: SweepResult, left_out: dict[int, str], num_points: int, keys: list[str], out: Path,
+    console: Console,
+) -> None:  # fmt: skip
+    """The points left out, summary.png, the sweep's one-line outcome and each failed
+    point's error."""
+    from experiments.plots import sweep_summary
+
     if left_out:
         console.print(
-            f"{len(left_out)} of {len(points)} points left out (the spec refuses them; "
+            f"{len(left_out)} of {num_points} points left out (the spec refuses them; "
             f"left_out.csv says why), e.g. point {next(iter(left_out))}: "
             f"{next(iter(left_out.values()))}"
         )
     frame = result.frame
     failed = frame["error"].notna().sum()
     if failed < len(frame):
-        sweep_summary(frame, [a.key for a in axes], out / "summary.png")
+        sweep_summary(frame, keys, out / "summary.png")
     done = f" ({result.num_already_done} already done)" if result.num_already_done else ""
     console.print(f"{len(frame)} points{done}, {failed} failed; results in [bold]{out}[/bold]")
     for _, row in frame[frame["error"].notna()].iterrows():
         console.print(f"[red]point {row['point']} failed[/red]: {row['error']}")
-    if failed == len(frame) and frame["error"].str.startswith("SpecError").all():
-        return 2
-    return 1 if failed else 0

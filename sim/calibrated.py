@@ -7,7 +7,10 @@ very step times its engines take, rounded to ticks). Built for a spec, it knows 
 trained model (``sim.trained_model``): the trainer's memory is checked as the roofline
 model's is (``sim.cluster``), and the profiled optimizer step is split from first
 principles into the work on its sharded state, at most its traffic at peak HBM bandwidth
-(which spreads over the trainer's GPUs), and a per-step overhead (which does not).
+(which spreads over the trainer's GPUs), and a per-step overhead (which does not). It
+also prices the one thing a profile cannot hold for another trainer size: the gradient
+all-reduce over the run's trainer GPUs (:meth:`CalibratedCostModel.grad_sync_s`,
+``sim.comm``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from policies.calibrated import CalibratedCosts, ProfileTarget
 from policies.protocols import Device
 from policies.spec import RunSpec
+from sim.comm import Fabric, exposed_grad_allreduce_s
 from sim.tables import hardware_of
 from sim.ticks import DecodeLaw, to_seconds, to_ticks
 from sim.trained_model import TrainedModel
@@ -65,3 +69,21 @@ class CalibratedCostModel(CalibratedCosts):
 
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
         return to_seconds(self.decode_law(device, max(1, batch_size)).step(context_tokens))
+
+    def grad_sync_s(self, device: Device, backward_tokens: float, fabric: Fabric | None) -> float:
+        """The gradient all-reduce over ``device``'s GPUs that the profile does not contain:
+        its exposed part (``sim.comm.exposed_grad_allreduce_s``: the push's bytes, as
+        gradients take their weights' dtype, behind one GPU's measured backward of
+        ``backward_tokens``) less that of the profiled trainer's GPUs, which the measured
+        times already include. 0 without a fabric (a trainer hardware.csv does not list,
+        such as ``cpu``)."""
+        if fabric is None:
+            return 0.0
+        profiled = self.setup.trainer_num_gpus or 1
+        tokens = backward_tokens * self.training_share(Device(device.hardware, 1))
+        backward = self.fits["backward"](tokens=tokens)
+        run, measured = (
+            exposed_grad_allreduce_s(self.weight_bytes, n, backward, fabric)
+            for n in (device.num_gpus, profiled)
+        )
+        return max(0.0, run - measured)

@@ -16,6 +16,7 @@ from policies.protocols import Device
 from policies.rng import RngStreams
 from policies.spec import RunSpec
 from sim.calibrated import CalibratedCostModel
+from sim.comm import GPUS_PER_MACHINE
 from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
 from sim.kv_cache import blocks_for
 from sim.sequence import engine_limits
@@ -46,10 +47,12 @@ def resolve_cluster(
     for i, pool in enumerate(cluster.generation):
         if pool.tp > GPUS_PER_MACHINE:
             log.warning(
-                "cluster.generation.%d.tp: %d spans more than one %d-GPU machine; the simulator "
-                "prices no tensor-parallel communication (docs/sim-engine.md), which across "
-                "machines is slow, so such an instance is simulated faster than it runs",
-                i, pool.tp, GPUS_PER_MACHINE,
+                "cluster.generation.%d.tp: %d spans more than one %d-GPU machine; the "
+                "simulator prices its tensor-parallel all-reduces (two per layer) as rings "
+                "through the node NIC (cluster.network.intra_dc_gbps, %g Gbit/s), at full "
+                "rate with no contention (docs/sim-engine.md), so such an instance may run "
+                "slower than simulated",
+                i, pool.tp, GPUS_PER_MACHINE, spec.cluster.network.intra_dc_gbps,
             )  # fmt: skip
     if mode.colocated:
         pool = cluster.generation[0]
@@ -95,7 +98,6 @@ def _check_one_gpu_group(cluster: ClusterSection, mode: str) -> None:
 # weights and gradients stay on the GPUs (4 bytes) even with the optimizer offloaded to the
 # host; fp32 master weights and Adam's two moments add 12 more. Activations come on top.
 ON_GPU_BYTES_PER_PARAM = 4
-GPUS_PER_MACHINE = 8  # hardware.csv prices 8-GPU machines; tp beyond one crosses machines
 FULL_STATE_BYTES_PER_PARAM = 16
 
 

@@ -17,7 +17,17 @@ Modelling assumptions (roofline, per operator; efficiencies in ``sim.efficiency`
   simulator passes only those the job keeps busy: ``policies.data_parallel``), with
   k = 6 for GRPO (actor forward+backward, +2 with a reference KL) and k = 18 for PPO
   (actor and critic forward+backward, reference, old-log-prob and value forwards);
-  the Adam step moves 32 bytes per trained parameter through HBM.
+  the Adam step moves 32 bytes per trained parameter through HBM. The backward pass is
+  ``4·P`` FLOPs per token per trained model (twice the forward's ``2·P``; Kaplan et al.
+  2020), at the same ``train_mfu``: the window the gradient all-reduce hides behind.
+* Communication (``sim.comm``, every figure and its source there): a step on ``tp > 1``
+  GPUs adds two ring all-reduces per layer of ``rows × hidden × 2`` bytes over NVLink (the
+  node NIC, ``cluster.network.intra_dc_gbps``, once ``tp`` spans machines), plus NCCL's
+  latency; a term in rows only, so decode stays affine in context. The gradient
+  all-reduce (bf16 gradients of the trained parameters over every trainer GPU, once per
+  optimizer step, bucketed behind the last micro-batch's backward) is
+  :meth:`RooflineCostModel.grad_sync_s`; the simulator's trainer runs its exposed part
+  before the optimizer step.
 * Weight transfer: bf16 bytes over the link bandwidth plus latency.
 * KV capacity, per rank as vLLM sizes it: ``gpu_memory_utilization`` of a GPU's HBM minus
   its ``1/tp`` of the weights, over the KV bytes a token takes on that rank (vLLM's
@@ -26,9 +36,10 @@ Modelling assumptions (roofline, per operator; efficiencies in ``sim.efficiency`
   instance holds that many tokens, not ``tp`` times it. Decode and prefill read KV per
   rank the same way; attention FLOPs split over ``tp`` (query heads shard evenly).
 
-Known biases: no tensor-parallel communication and no gradient all-reduce, no
-attention-kernel detail beyond its roofline, perfectly token-balanced data parallelism over
-the busy GPUs in training.
+Known biases: communication at the links' full rate with NCCL's smallest latency (a lower
+bound), no expert all-to-all, logits gather or embedding all-reduce under tensor
+parallelism, no attention-kernel detail beyond its roofline, perfectly token-balanced data
+parallelism over the busy GPUs in training.
 """
 
 from __future__ import annotations
@@ -40,9 +51,11 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
+from policies.cluster import NetworkSection
 from policies.protocols import Device
 from policies.sim_section import EfficiencySection
 from policies.spec import RunSpec
+from sim.comm import Fabric, exposed_grad_allreduce_s, tensor_parallel_s
 from sim.decode_table import SETUP_COLUMNS, check_decode_table_setup, read_decode_table
 from sim.models import Model, model_for
 from sim.tables import Hardware, hardware_of, hardware_table
@@ -64,6 +77,9 @@ class SimCostModel(Protocol):
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float: ...
     def prefill_s(self, device: Device, num_tokens: int) -> float: ...
     def train_s(self, device: Device, num_tokens: int) -> float: ...
+    def grad_sync_s(
+        self, device: Device, backward_tokens: float, fabric: Fabric | None
+    ) -> float: ...
     def contended_train_s(self, device: Device, num_tokens: int) -> float | None: ...
     def optimizer_s(self, device: Device) -> float: ...
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float: ...
@@ -87,15 +103,20 @@ class RooflineCostModel:
     def __init__(
         self, model_spec: Model, efficiency: EfficiencySection, algorithm: str, kl: bool = False,
         hardware: Mapping[str, Hardware] | None = None,
+        intra_dc_gbps: float = NetworkSection().intra_dc_gbps,
     ) -> None:  # fmt: skip
         self.gpu_table = hardware_table() if hardware is None else hardware  # hardware_of
         self.model = model_spec
         self.eff = efficiency
+        self.intra_dc_gbps = intra_dc_gbps  # the node NIC a tp spanning machines crosses
         self.train_flops_per_token = 18.0 if algorithm == "ppo" else 6.0 + (2.0 if kl else 0.0)
         self.train_flops_per_token *= model_spec.num_active_params
         self.num_trained_models = 2 if algorithm == "ppo" else 1
+        self.backward_flops_per_token = 4.0 * model_spec.num_active_params * self.num_trained_models
+        self.grad_bytes = 2.0 * model_spec.num_params * self.num_trained_models  # bf16
         self.weight_bytes = model_spec.weight_bytes
         self._laws: dict[tuple[str, int, int], DecodeLaw] = {}
+        self._fabrics: dict[str, Fabric] = {}
 
     def hw(self, name: str) -> Hardware:
         """The figures of GPU ``name`` (hardware.csv and the spec's ``sim.hardware``)."""
@@ -124,6 +145,13 @@ class RooflineCostModel:
         memory = kv_bytes / (tp * hw.hbm_bytes_per_s * e.kv_memory)
         return max(compute, memory)
 
+    def tp_comm_s(self, hw: Hardware, tp: int, rows: int) -> float:
+        """The tensor-parallel all-reduces of one step over ``rows`` tokens (``sim.comm``)."""
+        fabric = self._fabrics.get(hw.name)
+        if fabric is None:
+            fabric = self._fabrics[hw.name] = Fabric.of(hw, self.intra_dc_gbps)
+        return tensor_parallel_s(self.model, rows, tp, fabric)
+
     # -- exact decode law for the engine --------------------------------------------------
 
     def decode_law(self, device: Device, n: int) -> DecodeLaw:
@@ -139,6 +167,8 @@ class RooflineCostModel:
 
     def _make_law(self, hw: Hardware, tp: int, n: int) -> DecodeLaw:
         fixed = self.eff.step_overhead_s + self.gemm_s(hw, tp, n)
+        if tp > 1:  # a term in n only: the law stays affine in context
+            fixed += self.tp_comm_s(hw, tp, n)
         per_context_token = self.attention_s(hw, tp, 1.0, 1.0)  # each token: one pair, read once
         return DecodeLaw(n=n, p0=to_ticks(fixed), p1=to_ticks(per_context_token), q0=0, q1=0)
 
@@ -150,7 +180,8 @@ class RooflineCostModel:
         prefill = self.attention_s(
             hw, tp, work.prefill_attention_pairs, work.prefill_context_tokens
         )
-        return self.eff.step_overhead_s + self.gemm_s(hw, tp, rows) + decode + prefill
+        step = self.eff.step_overhead_s + self.gemm_s(hw, tp, rows) + decode + prefill
+        return step + self.tp_comm_s(hw, tp, rows) if tp > 1 else step
 
     # -- CostModel protocol (seconds) -----------------------------------------------------
 
@@ -171,6 +202,21 @@ class RooflineCostModel:
     def contended_train_s(self, device: Device, num_tokens: int) -> float | None:
         """None: the trainer's GPUs are its own."""
         return None
+
+    def backward_s(self, device: Device, num_tokens: int | float) -> float:
+        """The backward pass alone of ``num_tokens`` on ``device`` (its ``4·P`` FLOPs)."""
+        hw = self.hw(device.hardware)
+        flops = self.backward_flops_per_token * num_tokens
+        return flops / (device.num_gpus * hw.bf16_flops * self.eff.train_mfu)
+
+    def grad_sync_s(self, device: Device, backward_tokens: float, fabric: Fabric | None) -> float:
+        """What the gradient all-reduce over ``device``'s GPUs adds to an optimizer step: the
+        part that does not hide behind one GPU's backward of its last micro-batch of
+        ``backward_tokens`` (``sim.comm.exposed_grad_allreduce_s``); 0 without a fabric."""
+        if fabric is None:
+            return 0.0
+        backward = self.backward_s(Device(device.hardware, 1), backward_tokens)
+        return exposed_grad_allreduce_s(self.grad_bytes, device.num_gpus, backward, fabric)
 
     def optimizer_s(self, device: Device) -> float:
         hw = self.hw(device.hardware)
@@ -257,7 +303,7 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
     if spec.sim.cost_model.startswith("roofline"):
         return RooflineCostModel(
             model_for(spec.model), efficiency_of(spec), spec.algorithm.name,
-            spec.algorithm.kl_coef > 0, hardware_of(spec),
+            spec.algorithm.kl_coef > 0, hardware_of(spec), spec.cluster.network.intra_dc_gbps,
         )  # fmt: skip
     path = Path(spec.sim.cost_model.removeprefix("profiled:"))
     if not path.exists():
@@ -271,7 +317,7 @@ def build_cost_model(spec: RunSpec) -> SimCostModel:
     check_decode_table_setup(table, path, spec)
     return ProfiledCostModel(
         table, model_for(spec.model), spec.sim.efficiency, spec.algorithm.name,
-        spec.algorithm.kl_coef > 0, hardware_of(spec),
+        spec.algorithm.kl_coef > 0, hardware_of(spec), spec.cluster.network.intra_dc_gbps,
     )  # fmt: skip
 
 

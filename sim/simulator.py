@@ -65,6 +65,7 @@ from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from sim import scaling
 from sim.cluster import kv_too_small, resolve_cluster
+from sim.comm import Fabric
 from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.links import Links
@@ -237,10 +238,24 @@ class _World:
             contended_train_ticks=self._contended_train_ticks(busy),
             generation_busy=lambda: any(i.engine.num_running for i in self.instances.values()),
             optimizer_ticks=to_ticks(self.cost.optimizer_s(device)),
+            grad_sync_ticks=self._grad_sync_ticks(device),
             on_step_done=self._step_done,
             on_span=self.spans.append,
             on_busy=self._trainer_busy,
         )
+
+    def _grad_sync_ticks(self, device: Device) -> Callable[[int, int], int]:
+        """A step's exposed gradient all-reduce over ``device`` (every trainer GPU), behind
+        one GPU's backward of the step's mean micro-batch (``sim.trainer``)."""
+        hw = hardware_of(self.spec).get(device.hardware)
+        fabric = None if hw is None else Fabric.of(hw, self.spec.cluster.network.intra_dc_gbps)
+        per_gpu = self.spec.algorithm.micro_batch_per_gpu
+
+        def ticks(num_samples: int, num_tokens: int) -> int:
+            tokens = num_tokens * min(per_gpu, num_samples) / max(1, num_samples)
+            return to_ticks(self.cost.grad_sync_s(device, tokens, fabric))
+
+        return ticks
 
     def _executor_inputs(self) -> ExecutorInputs:
         """What only the simulator knows, for the builder."""
@@ -352,6 +367,7 @@ class _World:
                 "num_tokens": s.num_tokens,
                 "busy_s": s.busy_s,
                 "optimizer_s": self.trainer.optimizer_s.get(s.step),
+                "grad_sync_s": self.trainer.grad_sync_s.get(s.step),
             }
             for s in self.steps
         ]

@@ -10,8 +10,18 @@ step is memory-bound, its states sharded over every GPU, and is its own job (its
 step: ``SimTrainer.optimizer_s``); jobs run in the order the controller issued them, so a
 stream mode's micro-batches for step s+1 wait behind step s's optimizer step.
 
-Known biases: no gradient all-reduce; work is balanced by tokens over the busy GPUs, so
-a stream mode's last, smaller micro-batch of a step is priced as if it kept them all busy.
+The gradient all-reduce runs once per optimizer step, over every trainer GPU (idle ones
+hold gradients too), as data parallelism with gradient accumulation does (DDP's
+``no_sync`` on all but the last micro-batch; Megatron-LM likewise): a step's jobs are
+micro-batches accumulated into one gradient, and the controller issues the step's
+optimizer job right after its last one. Its buckets hide behind the backward of that last
+micro-batch; what does not (``sim.comm.exposed_grad_allreduce_s``, through the cost
+model's ``grad_sync_s``) opens the optimizer job, reported per step as ``grad_sync_s``
+(``SimTrainer.grad_sync_s``). The last micro-batch is taken as the step's mean one:
+``micro_batch_per_gpu`` samples of the step's mean tokens per sample.
+
+Known biases: work is balanced by tokens over the busy GPUs, so a stream mode's last,
+smaller micro-batch of a step is priced as if it kept them all busy.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ class _StepProgress:
     start_ticks: int | None = None
     busy_ticks: int = 0
     optimizer_ticks: int = 0
+    grad_sync_ticks: int = 0
     num_samples: int = 0
     num_tokens: int = 0
 
@@ -49,6 +60,7 @@ class SimTrainer:
         on_busy: Callable[[bool], None] | None = None,
         contended_train_ticks: Callable[[int], int] | None = None,
         generation_busy: Callable[[], bool] = lambda: False,
+        grad_sync_ticks: Callable[[int, int], int] = lambda num_samples, num_tokens: 0,
     ) -> None:
         self.env = env
         self._contended_train_ticks = contended_train_ticks  # while generation decodes
@@ -57,11 +69,13 @@ class SimTrainer:
         self.busy = False
         self._train_ticks = train_ticks
         self._optimizer_ticks = optimizer_ticks
+        self._grad_sync_ticks = grad_sync_ticks  # (a step's samples, its tokens) -> exposed
         self._on_step_done = on_step_done
         self._on_span = on_span
         self.jobs: simpy.Store = simpy.Store(env)
         self._progress: dict[int, _StepProgress] = {}
         self.optimizer_s: dict[int, float] = {}  # step -> its optimizer step's seconds
+        self.grad_sync_s: dict[int, float] = {}  # step -> its exposed gradient all-reduce
 
     def submit(self, job: TrainSamples | OptimizerStep) -> None:
         self.jobs.put(job)
@@ -79,9 +93,7 @@ class SimTrainer:
             if isinstance(job, TrainSamples):
                 yield from self._forward_backward(job, progress)
             else:
-                yield self.env.timeout(self._optimizer_ticks)
-                progress.busy_ticks += self.env.now - start
-                progress.optimizer_ticks += self.env.now - start
+                yield from self._sync_and_step(progress)
             self._on_span(
                 Span(
                     TRAINER,
@@ -95,6 +107,7 @@ class SimTrainer:
             if isinstance(job, OptimizerStep):
                 done = self._progress.pop(job.step)
                 self.optimizer_s[job.step] = to_seconds(done.optimizer_ticks)
+                self.grad_sync_s[job.step] = to_seconds(done.grad_sync_ticks)
                 self._on_step_done(self._stats(job.step, done))
 
     def _set_busy(self, busy: bool) -> None:
@@ -102,6 +115,14 @@ class SimTrainer:
             self.busy = busy
             if self._on_busy is not None:
                 self._on_busy(busy)
+
+    def _sync_and_step(self, progress: _StepProgress) -> Proc:
+        """The gradient all-reduce's exposed part, then the optimizer step."""
+        sync = self._grad_sync_ticks(progress.num_samples, progress.num_tokens)
+        yield self.env.timeout(sync + self._optimizer_ticks)
+        progress.busy_ticks += sync + self._optimizer_ticks
+        progress.grad_sync_ticks += sync
+        progress.optimizer_ticks += self._optimizer_ticks
 
     def _forward_backward(self, job: TrainSamples, progress: _StepProgress) -> Proc:
         tokens = sum(c.request.prompt_tokens + c.output_tokens for c in job.completions)

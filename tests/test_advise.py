@@ -181,9 +181,10 @@ def test_advise_refuses_what_it_cannot_do_before_searching(tmp_path, capsys, mon
     assert "set sim.cost_model=profiled:DIR" in " ".join(capsys.readouterr().out.split())
 
 
-def test_advice_at_tp_above_1_says_tp_communication_is_not_priced(advice):
+def test_advice_at_tp_above_1_says_how_tp_communication_is_priced(advice):
     """Seen: advise picked tp 8 (and tp 16 across two nodes) for an 8B model without a word
-    that the simulator prices no tensor-parallel all-reduce."""
+    that the simulator priced no tensor-parallel all-reduce; now it prices one, as a lower
+    bound, and says so."""
     from dataclasses import replace
 
     from experiments.advise_report import advice_markdown, evaluations_frame, full_runs
@@ -192,7 +193,8 @@ def test_advice_at_tp_above_1_says_tp_communication_is_not_priced(advice):
         best = replace(advice.best, structure=replace(advice.best.structure, tp=tp))
         return advice_markdown(replace(advice, best=best), full_runs(evaluations_frame(advice)))
 
-    assert "does not price tensor-parallel communication" in text(4)
+    assert "prices its tensor-parallel communication" in text(4)
+    assert "as a lower bound" in text(4)
     assert "tensor-parallel communication" not in text(1)
 
 

@@ -78,3 +78,27 @@ def test_a_changed_space_makes_the_fixture_stale(tmp_path):
 def test_a_missing_fixture_names_the_command(tmp_path):
     with pytest.raises(FileNotFoundError, match="python -m experiments.advise_grid streamrl-7b"):
         load_fixture("streamrl-7b", tmp_path)
+
+
+def test_a_grid_generated_in_two_processes_equals_one_generated_in_one(tmp_path, monkeypatch):
+    """``--workers``: the same rows in the space's order (only the measured wall times
+    differ), and the meta's probes and best alike."""
+    import pandas as pd
+
+    import experiments.advise_grid as grid
+    from experiments.advise_plan import plan_space
+
+    spec = bench_spec("streamrl-7b").model_copy(deep=True)
+    spec.run.iterations = 2
+    axes = ("mode=stream-async", "tp=1", "max_num_seqs=256", "dispatch=least-loaded",
+            "scheduling=fcfs", "predictor=oracle", "split_parts=4")  # fmt: skip
+    space = plan_space(spec, SpaceOptions(axes=axes))
+    assert 2 <= len(space.candidates) <= 8
+    monkeypatch.setattr(grid, "bench_space", lambda name: space)
+    one = pd.read_csv(grid.generate("streamrl-7b", tmp_path / "one", log=False))
+    two = pd.read_csv(grid.generate("streamrl-7b", tmp_path / "two", log=False, workers=2))
+    walls = [c for c in one.columns if c.endswith("wall_s")]
+    pd.testing.assert_frame_equal(one.drop(columns=walls), two.drop(columns=walls))
+    metas = [json.loads((tmp_path / d / "streamrl-7b.json").read_text()) for d in ("one", "two")]
+    for key in ("best", "probes", "num_candidates", "space_digest"):
+        assert metas[0][key] == metas[1][key]

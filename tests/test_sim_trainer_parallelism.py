@@ -37,11 +37,14 @@ def test_train_time_stops_falling_past_the_batch():
 
 
 def test_simulated_steps_report_their_optimizer_step():
+    """The optimizer job is the gradient all-reduce's exposed part and the optimizer step,
+    each reported (a 2-GPU trainer: ``sim.comm``)."""
     result = Simulation(small_spec(run__iterations=3)).run()
     optimizer_spans = [
         s.end_s - s.start_s
         for s in result.spans
         if s.resource == TRAINER and s.kind == SpanKind.TRAIN and s.batch_size is None
     ]
-    assert [s["optimizer_s"] for s in result.steps] == pytest.approx(optimizer_spans)
-    assert all(t > 0 for t in optimizer_spans)
+    reported = [s["optimizer_s"] + s["grad_sync_s"] for s in result.steps]
+    assert reported == pytest.approx(optimizer_spans)
+    assert all(s["optimizer_s"] > 0 for s in result.steps)

@@ -118,3 +118,49 @@ def test_a_sweep_given_tracking_is_refused_rather_than_silently_untracked(tmp_pa
     assert code == 2
     assert "run.tracking: a sweep does not track its points" in _flat(capsys.readouterr().out)
     assert not out.exists()
+
+
+def _ctrl_c(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def _sweep_stopped_after_its_last_point(tmp_path, capsys) -> tuple[int, str]:
+    out = tmp_path / "sweep"
+    grid = ["--grid", "run.seed=1,2", "--set", "run.iterations=1", *SMALL, "--workers", "1"]
+    code = main(["sweep", "streamrl-7b", *grid, "--out", str(out)])
+    return code, _flat(capsys.readouterr().out)
+
+
+def test_ctrl_c_while_the_summary_is_drawn_after_the_last_point_says_the_sweep_is_complete(
+    tmp_path, capsys, monkeypatch
+):
+    """Before: the results printed, then 'interrupted' and exit 130, as if points were lost."""
+    from experiments import plots
+
+    monkeypatch.setattr(plots, "sweep_summary", _ctrl_c)
+    code, printed = _sweep_stopped_after_its_last_point(tmp_path, capsys)
+    assert code == 0
+    assert "interrupted after every point had run (2 points, 0 failed)" in printed
+    assert "the sweep is complete" in printed and "summary.png may be missing" in printed
+    assert len(pd.read_csv(tmp_path / "sweep" / "results.csv")) == 2
+
+
+def test_ctrl_c_after_the_last_point_before_the_tables_still_writes_them(
+    tmp_path, capsys, monkeypatch
+):
+    """Before: exit 130, 'interrupted', and no results.csv although every point had run."""
+    from experiments import sweep
+
+    run_jobs = sweep.run_jobs
+
+    def then_ctrl_c(*args, **kwargs) -> None:
+        run_jobs(*args, **kwargs)  # every point runs and has its row
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_jobs", then_ctrl_c)
+    code, printed = _sweep_stopped_after_its_last_point(tmp_path, capsys)
+    assert code == 0
+    assert "2 points, 0 failed" in printed
+    assert "interrupted after every point had run (2 points, 0 failed)" in printed
+    frame = pd.read_csv(tmp_path / "sweep" / "results.csv")
+    assert list(frame["point"]) == [0, 1] and frame["error"].isna().all()

@@ -200,6 +200,7 @@ def cross_dc_section(res: Results, b: sp.Budget, out: Path) -> Section:
     by = frame.set_index(["setup", "max_output_tokens"])["cost_normalized_throughput"]
     ratios = [by[(sp.CROSS_DC_SETUPS[1], n)] / by[(sp.CROSS_DC_SETUPS[0], n)] for n in b.lengths]
     shares = list(share["transfer_share_pct"])
+    iterations = list(share["iteration_time_s"])
     claims = [
         Claim(
             "Cost-effectiveness of heterogeneous cross-datacenter training",
@@ -217,9 +218,11 @@ def cross_dc_section(res: Results, b: sp.Budget, out: Path) -> Section:
             "consistent" if max(shares) < 2 else "we disagree (ours higher)",
             "One push sends 145 GB of bf16 weights over the 80 Gbps link: ≈ 14.5 s by "
             "arithmetic alone, so the share is below 2 % only for iterations longer than "
-            "≈ 730 s. Our simulated 72B iterations are shorter than that except at 20K; the "
-            "simulator models no tensor-parallel communication, which would lengthen real "
-            "72B (TP 4) generation and lower the share.",
+            f"≈ 730 s. Our simulated 72B iterations take {min(iterations):.0f}–"
+            f"{max(iterations):.0f} s. They include the TP 4 all-reduces (two per layer "
+            "and step, docs/sim-engine.md), priced as a lower bound (full link rate, "
+            "NCCL's smallest latency): slower real collectives would lengthen generation "
+            "and lower the share.",
         ),
     ]
     note = (
