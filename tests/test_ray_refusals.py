@@ -5,7 +5,6 @@ Ray's traceback or its internal resources."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -132,14 +131,17 @@ def test_a_ranks_own_exception_is_one_line_not_rays_traceback():
     )
 
 
-def test_compile_trainer_under_ray_is_refused_before_anything_starts(tmp_path, capsys):
+def test_compile_trainer_under_ray_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
     """Before: ~50 s of start-up, then a traceback without the reason."""
+    import ray
+
+    started: list[object] = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append(k))
     out = tmp_path / "x"
-    start = time.monotonic()
     code = main(["run", "live-tiny", "--live", "--ray", "--set", "live.compile_trainer=true",
                  "--set", "live.device=cpu", "--out", str(out)])  # fmt: skip
     printed = " ".join(capsys.readouterr().out.split())
-    assert code == 2 and time.monotonic() - start < 20
+    assert code == 2 and started == []  # refused before Ray (or any process) started
     assert "live.compile_trainer: the sharded trainer of a --ray run does not compile" in printed
     assert not (out / "spec.yaml").exists()
 
@@ -207,14 +209,13 @@ def test_the_forms_ray_takes_are_parsed():
 
 
 def test_a_ray_client_address_where_nothing_listens_stops_at_once():
-    """Before: a UserWarning, then an error after 37 s."""
+    """Before: a UserWarning, then an error after 37 s (inside ``ray.init``). The stand-in
+    for the ray module has no ``init``: reaching it would raise ``AttributeError``."""
     from runtime.procs import free_port
 
     address = f"ray://127.0.0.1:{free_port()}"
-    start = time.monotonic()
     with pytest.raises(ValueError, match=r"no Ray cluster answers there"):
         connect(object(), address)  # type: ignore[arg-type]  # never reaches ray.init
-    assert time.monotonic() - start < 5
 
 
 def test_a_cluster_that_answers_but_refuses_says_how_to_give_it_a_token(monkeypatch):
