@@ -199,9 +199,34 @@ def cross_dc_section(res: Results, b: sp.Budget, out: Path) -> Section:
     bars(share, axes, "72B across datacenters (80 Gbps)", out / "weight_transfer_share.png")
     by = frame.set_index(["setup", "max_output_tokens"])["cost_normalized_throughput"]
     ratios = [by[(sp.CROSS_DC_SETUPS[1], n)] / by[(sp.CROSS_DC_SETUPS[0], n)] for n in b.lengths]
-    shares = list(share["transfer_share_pct"])
-    iterations = list(share["iteration_time_s"])
-    claims = [
+    claims = _cross_dc_claims(
+        ratios, list(share["transfer_share_pct"]), list(share["iteration_time_s"])
+    )
+    note = (
+        "Heterogeneous: 32 H20 generate in dc1, 16 H800 train in dc0, weights cross one "
+        "80 Gbps link once per step (single sender, then local broadcast); `balanced` shrinks "
+        "the faster stage. Single-DC: the 7B setup (32 H800, `balanced`). Cost per GPU from "
+        "hardware.csv (an 8-GPU machine's cost relative to an H20 machine's, / 8), so "
+        "cost_normalized_throughput is samples/s per H20-machine cost unit (the cost of one "
+        "8-GPU H20 machine; an H800 machine is 2.85 units). 72B transfer share: 64 H20 "
+        "(TP 4) generating in dc1 and 64 H800 training in dc0."
+    )
+    return Section(
+        "Heterogeneous, cross-datacenter cost-effectiveness",
+        "Is H20 generation + H800 training across datacenters more cost-effective, and "
+        "what does the weight transfer cost?",
+        ["cross_dc_cost.png", "weight_transfer_share.png"],
+        [Table("cross_dc_cost", frame), Table("weight_transfer_share", share)],
+        claims=claims,
+        notes=[note],
+    )
+
+
+def _cross_dc_claims(
+    ratios: list[float], shares: list[float], iterations: list[float]
+) -> list[Claim]:
+    """The cross-datacenter section's claims: cost-effectiveness and transfer share."""
+    return [
         Claim(
             "Cost-effectiveness of heterogeneous cross-datacenter training",
             "up to 1.33× (1.23–1.31× in the text)",
@@ -225,21 +250,3 @@ def cross_dc_section(res: Results, b: sp.Budget, out: Path) -> Section:
             "and lower the share.",
         ),
     ]
-    note = (
-        "Heterogeneous: 32 H20 generate in dc1, 16 H800 train in dc0, weights cross one "
-        "80 Gbps link once per step (single sender, then local broadcast); `balanced` shrinks "
-        "the faster stage. Single-DC: the 7B setup (32 H800, `balanced`). Cost per GPU from "
-        "hardware.csv (an 8-GPU machine's cost relative to an H20 machine's, / 8), so "
-        "cost_normalized_throughput is samples/s per H20-machine cost unit (the cost of one "
-        "8-GPU H20 machine; an H800 machine is 2.85 units). 72B transfer share: 64 H20 "
-        "(TP 4) generating in dc1 and 64 H800 training in dc0."
-    )
-    return Section(
-        "Heterogeneous, cross-datacenter cost-effectiveness",
-        "Is H20 generation + H800 training across datacenters more cost-effective, and "
-        "what does the weight transfer cost?",
-        ["cross_dc_cost.png", "weight_transfer_share.png"],
-        [Table("cross_dc_cost", frame), Table("weight_transfer_share", share)],
-        claims=claims,
-        notes=[note],
-    )
