@@ -26,6 +26,7 @@ from experiments.guards import (
     fresh_dir,
     replaces_a_run,
 )
+from experiments.live_out import finished_live_run, live_steps_done, nothing_left_if_refused
 from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
@@ -94,6 +95,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # a refused run (a bad ranker file too) leaves no run directory behind; a simulated
     # run's warnings come from the run itself, once
     check_run(spec, args.live, args.ray)
+    if (finished := finished_live_run(args, spec)) is not None:  # nothing to run or rewrite
+        console.print(f"{args.out} holds this run, finished: nothing run again or rewritten")
+        print_summary(finished, Path(args.out), console)
+        return 0
     replace = args.out is not None and replaces_a_run(args, spec)
     out = _out_dir(args, spec)
     if replace:  # --overwrite: nothing of the earlier run stays beside this one
@@ -101,10 +106,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         (out / "run.log").unlink(missing_ok=True)
     tracker = tracker_for(spec, out)  # a missing tracking package stops the run here
     label = f"{spec.run.name} · {spec.pipeline.mode}"
+    done = live_steps_done(args, spec, out)  # a resumed run's bar counts the whole run
     with (
+        nothing_left_if_refused(out, made_out=args.out is None),
         run_log(out),
         tracker,
-        RunProgress(err_console, label, spec.run.iterations, transient=not args.live) as bar,
+        RunProgress(
+            err_console, label, spec.run.iterations, transient=not args.live, completed=done
+        ) as bar,
     ):
         log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
         log_inert_keys([spec], live=args.live)  # in run.log too

@@ -82,7 +82,7 @@ def _handle(
         )
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM
-        resume = getattr(err, "resume_command", None)  # a live run's (runtime.errors)
-        line = f"; resume with: {escape(resume)}" if resume else ""
+        how = getattr(err, "how_to_go_on", None)  # a live run's (runtime.errors)
+        line = f"; {escape(how)}" if how else ""
         console.print(f"[yellow]{stop.what()}[/yellow]{line}", soft_wrap=True)
         return stop.exit_code()

@@ -64,9 +64,10 @@ def step_fields(samples: int, update: StepUpdate) -> str:
 
 
 class RunProgress:
-    """A bar over ``total`` steps (None: unknown); a context manager. Without a terminal
-    (CI, nohup) rich draws no bar until the end, so a plain line with the same fields is
-    printed instead, at most every ``plain_every_s`` seconds of ``clock``."""
+    """A bar over ``total`` steps (None: unknown), ``completed`` of them done before it
+    starts (a resumed run's); a context manager. Without a terminal (CI, nohup) rich draws
+    no bar until the end, so a plain line with the same fields is printed instead, at most
+    every ``plain_every_s`` seconds of ``clock``."""
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class RunProgress:
         label: str,
         total: int | None = None,
         transient: bool = False,
+        completed: int = 0,
         plain_every_s: float = PLAIN_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -88,7 +90,7 @@ class RunProgress:
         self._plain_every_s = plain_every_s
         self._clock = clock
         self._start_s = self._last_plain_s = 0.0
-        self._done = 0
+        self._done = completed
         self._fields = ""
         self._now = ""
 
@@ -104,7 +106,9 @@ class RunProgress:
             transient=self.transient,
         )
         self._bar.start()
-        self._task = self._bar.add_task(self.label, total=self.total, stats="")
+        self._task = self._bar.add_task(
+            self.label, total=self.total, completed=self._done, stats=""
+        )
         self._start_s = self._last_plain_s = self._clock()
         logging.getLogger().addHandler(self._handler)
         return self

@@ -15,7 +15,7 @@ import secrets
 import httpx
 
 from policies.live_section import LiveSection
-from runtime.errors import LiveRunError
+from runtime.errors import StartRefused
 from runtime.procs import health_json
 from runtime.tasks import TaskSet, check_context
 
@@ -46,7 +46,7 @@ def check_attached(
 ) -> None:  # fmt: skip
     """Each server of ``live.server_urls`` answers ``/health``, serves no other run than
     ``owner`` (runtime.lease), takes ``token`` on its control routes and ``api_key`` on its
-    inference routes, or a :class:`LiveRunError` naming the first that does not (before
+    inference routes, or a :class:`StartRefused` naming the first that does not (before
     the run waits on a weight group the server never joins). The token is tried with a GET
     of ``/init_process_group``: past the guard that POST route answers 405, at it 401/403;
     the API key with ``GET /v1/models``, whose ``max_model_len`` must hold ``tasks``'
@@ -63,7 +63,7 @@ def check_attached(
         except httpx.HTTPError as err:
             health, control = f"{type(err).__name__}: {err}", None
         if control is None or health.status_code != 200:
-            raise LiveRunError(
+            raise StartRefused(
                 f"{name} does not answer /health "
                 f"({health if control is None else health.status_code}); start it first "
                 "(tandem serve MODEL_DIR --port PORT --token SECRET) or drop the key to have "
@@ -72,22 +72,22 @@ def check_attached(
         state = health_json(health)
         held, free_in_s = state.get("owner"), state.get("free_in_s")
         if held not in (None, owner) and (free_in_s or 0) > 0:
-            raise LiveRunError(
+            raise StartRefused(
                 f"{name} serves another run (owner {held}; free when that run ends, or in "
                 f"{free_in_s:.0f} s if it died): give this run a server of its own"
             )
         if control.status_code in (401, 403):
             what = "the run's token" if token else "the run, which was given no token"
-            raise LiveRunError(
+            raise StartRefused(
                 f"{name} refused {what} ({control.status_code} {control.text}); set "
                 "live.token (or TANDEM_TOKEN) to the token the server was started with"
             )
         if control.status_code == 404:
-            raise LiveRunError(
+            raise StartRefused(
                 f"{name} has no /init_process_group: not a tandem server (tandem serve)"
             )
         if models.status_code in (401, 403):
-            raise LiveRunError(
+            raise StartRefused(
                 f"{name} refused the run's API key ({models.status_code}); set live.api_key (or "
                 "TANDEM_API_KEY) to the key the server was started with (--api-key)"
             )
@@ -95,7 +95,7 @@ def check_attached(
             try:
                 check_context(tasks, context, f"{name}'s max_model_len")
             except ValueError as err:
-                raise LiveRunError(f"{err} (tandem serve --max-model-len)") from None
+                raise StartRefused(f"{err} (tandem serve --max-model-len)") from None
         if params is not None:
             served = httpx.get(base + "/v1/tandem/params", headers=key, timeout=timeout_s)
             if served.status_code == 200:  # (a server older than the route: its updates check)
@@ -124,7 +124,7 @@ def _check_params(name: str, params: Shapes, served: Shapes) -> None:
     else:
         first = reshaped[0]
         differs = f"{first!r} is {list(params[first])} against {list(served[first])} served"
-    raise LiveRunError(
+    raise StartRefused(
         f"{name} serves another model than model.path ({differs}); serve the run's model "
         "(tandem serve MODEL_DIR) or set model.path to the served one"
     )

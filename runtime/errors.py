@@ -19,13 +19,19 @@ class TrainerFailed(LiveRunError):
     its error's first line; the traceback goes to the run's log."""
 
 
-class ResumableStop(KeyboardInterrupt):
-    """A live run stopped by Ctrl-C or SIGTERM after a checkpoint: the interrupt, with the
-    command that goes on from that checkpoint."""
+class StartRefused(LiveRunError):
+    """A live run refused before it started (an attached server that would not serve it):
+    its run directory got nothing of it."""
 
-    def __init__(self, message: str, resume_command: str) -> None:
-        super().__init__(f"{message}; resume with: {resume_command}")  # run.log's last line
-        self.resume_command = resume_command
+
+class RunInterrupted(KeyboardInterrupt):
+    """A live run stopped by Ctrl-C or SIGTERM: the interrupt, with how to go on
+    (``RunDir.how_to_go_on``: the command that resumes after its checkpoint, or, before
+    its first, that running it again starts from step 0)."""
+
+    def __init__(self, message: str, how_to_go_on: str) -> None:
+        super().__init__(f"{message}; {how_to_go_on}")  # run.log's last line
+        self.how_to_go_on = how_to_go_on
 
 
 class NonFiniteGradient(LiveRunError):

@@ -37,9 +37,8 @@ from runtime.attach import (
     inference_key,
     release_attached,
 )
-from runtime.checkpoints import readable
 from runtime.core_loan import CoreLoan
-from runtime.errors import LiveRunError, ProcessDied, ResumableStop, TrainerFailed
+from runtime.errors import LiveRunError, ProcessDied, RunInterrupted, TrainerFailed
 from runtime.graceful_stop import StopRequests
 from runtime.lease import owner_of
 from runtime.live_run import (
@@ -119,9 +118,13 @@ def run_live(
     :class:`StepUpdate` after every optimizer step, as it happens (progress, tracking).
     ``ray_address``: run on that Ray cluster (``local``: start one on this machine).
     Ctrl-C and SIGTERM checkpoint the last trained step first (runtime.graceful_stop);
-    the interrupt of a run with a checkpoint is a ``ResumableStop`` naming its command."""
+    the interrupt is a ``RunInterrupted`` saying how to go on. A run refused before it
+    starts (a spec a resume refuses, an attached server that would not serve it) writes
+    nothing to ``out_dir``."""
     check_live_run(spec, ray_address)
     run_dir = RunDir(Path(out_dir), ray_address)
+    run_dir.check(spec, force_new_spec)
+    check_attached_servers(spec, run_dir.path)
     run_dir.prepare(spec, force_new_spec)  # before anything starts
     try:
         with run_log(run_dir.path), StopRequests(spec.live.stop_grace_s) as stops:
@@ -136,9 +139,20 @@ def run_live(
                 )
             return _run_processes(spec, run_dir, length_predictor, after_step, on_step, stops)
     except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM: resumable once it checkpointed
-        if readable(run_dir.checkpoint) is None:
-            raise
-        raise ResumableStop(str(err), run_dir.resume_command()) from err
+        raise RunInterrupted(str(err), run_dir.how_to_go_on()) from err
+
+
+def check_attached_servers(spec: RunSpec, out_dir: Path) -> None:
+    """A :class:`StartRefused` naming the first server of ``live.server_urls`` that would
+    not serve a run into ``out_dir`` (``runtime.attach.check_attached``: it answers, is
+    free for this run, takes its token and key, holds its context, serves its model)."""
+    live = spec.live
+    if not live.server_urls:
+        return
+    params = state_shapes(model_dir_for(spec))  # the trainer's model against the served ones
+    given = given_token(live)  # none: the run made one up, which no server takes
+    owner = owner_of(out_dir)
+    check_attached(live.server_urls, given, owner, inference_key(live), task_set(spec), params)
 
 
 def _run_processes(
@@ -225,12 +239,10 @@ def engine_nice(spec: RunSpec) -> int:
 
 
 def _servers(spec, model_dir, token, core_sets, out_dir, started) -> Servers:
-    """Attach to ``live.server_urls``, or start ``live.num_servers`` and wait for them."""
+    """Attach to ``live.server_urls`` (checked before the run started:
+    :func:`check_attached_servers`), or start ``live.num_servers`` and wait for them."""
     live, owner = spec.live, owner_of(out_dir)
     if live.server_urls:
-        params = state_shapes(model_dir)  # the trainer's model against the served ones
-        given = given_token(live)  # none: the run made one up, which no server takes
-        check_attached(live.server_urls, given, owner, inference_key(live), task_set(spec), params)
         slots = [ServerSlot(i, u) for i, u in enumerate(live.server_urls)]
         return Servers(slots, token, owner=owner)
     start = functools.partial(_start_server, spec, model_dir, token, core_sets, out_dir)

@@ -104,30 +104,41 @@ class RunDir:
         again = self.resume_command()
         return f"no step was checkpointed yet: running it again starts from step 0: {again}"
 
-    def prepare(self, spec: RunSpec, force_new_spec: bool = False) -> None:
-        """A fresh run writes its spec; a resumed one checks the spec against it."""
-        self.path.mkdir(parents=True, exist_ok=True)
+    def check(self, spec: RunSpec, force_new_spec: bool = False) -> None:
+        """What :meth:`prepare` refuses, refused before anything is written: a resume whose
+        checkpoint another kind of trainer wrote, or whose spec changes what is trained."""
         self._check_trainer_kind()
-        if readable(self.checkpoint) is None:
-            write_atomic(self.path / SPEC, spec.to_yaml().encode())
+        if readable(self.checkpoint) is None or force_new_spec:
             return
         if not self.spec_path.exists():
-            if not force_new_spec:
-                raise SpecError(
-                    f"{self.path} holds a checkpoint but no spec.yaml to check this spec "
-                    "against; pass --force-new-spec to resume anyway"
-                )
-            write_atomic(self.path / SPEC, spec.to_yaml().encode())
-            return
-        changes = training_changes(load_spec(self.spec_path), spec)
-        if changes and not force_new_spec:
+            raise SpecError(
+                f"{self.path} holds a checkpoint but no spec.yaml to check this spec "
+                "against; pass --force-new-spec to resume anyway"
+            )
+        if changes := training_changes(load_spec(self.spec_path), spec):
             raise SpecError(
                 f"resuming {self.path}: this spec changes what is trained: {'; '.join(changes)}."
                 f" Resume with the run's own spec ({self.resume_command()}), use another "
                 "--out, or pass --force-new-spec"
             )
-        if changes:
+
+    def prepare(self, spec: RunSpec, force_new_spec: bool = False) -> None:
+        """A fresh run writes its spec; a resumed one checks the spec against it (and
+        keeps a changed one beside it, ``force_new_spec``)."""
+        self.check(spec, force_new_spec)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if readable(self.checkpoint) is None or not self.spec_path.exists():
+            write_atomic(self.path / SPEC, spec.to_yaml().encode())
+        elif training_changes(load_spec(self.spec_path), spec):
             self._keep_new(spec)
+
+    def checkpointed_steps(self) -> int:
+        """The steps a resume of this directory starts after: those its checkpoints'
+        history covers (0 without a checkpoint; a history line whose checkpoint never
+        landed counts here, until the resume drops it)."""
+        if readable(self.checkpoint) is None:
+            return 0
+        return journal_steps(journal_path(self.checkpoint)) or 0
 
     def finished(self, spec: RunSpec) -> bool:
         """The run trained ``spec``'s every step and saved its results (a resume would

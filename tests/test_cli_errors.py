@@ -68,8 +68,18 @@ def test_a_stopped_live_run_with_a_checkpoint_prints_its_resume_command(
     assert printed == f"interrupted; resume with: tandem run {out}/spec.yaml --live --out {out}"
 
 
-def test_a_live_run_stopped_before_its_first_checkpoint_prints_no_resume_command(
+def test_a_live_run_stopped_before_its_first_checkpoint_says_it_starts_again_from_step_0(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
+    """Before: just "interrupted", where a run that failed there said how to go on."""
     code, printed = _stopped_live_run(tmp_path, monkeypatch, capsys, checkpointed=False)
-    assert (code, printed) == (130, "interrupted")
+    out = tmp_path / "run"
+    assert code == 130
+    assert printed == (
+        "interrupted; no step was checkpointed yet: running it again starts from step 0: "
+        f"tandem run {out}/spec.yaml --live --out {out}"
+    )
+    assert (out / "spec.yaml").is_file()  # the command it names runs the same spec
+    last = (out / "run.log").read_text().splitlines()[-1]
+    assert last.endswith("no step was checkpointed yet: running it again starts from step 0: "
+                         f"tandem run {out}/spec.yaml --live --out {out}")  # fmt: skip

@@ -201,7 +201,26 @@ def test_an_attached_server_that_does_not_answer_is_named_before_the_run_waits_o
     assert main(["run", "live-tiny", "--live", *overrides, "--out", str(out)]) == 1
     said = _flat(capsys.readouterr().out)
     assert f"live.server_urls[0] {url} does not answer /health (ConnectError" in said
-    assert not (out / "metrics.json").exists()
+    assert not out.exists()  # before: spec.yaml and run.log, as if a run had started there
+
+
+def test_a_refused_attach_leaves_nothing_of_a_run_in_an_out_that_was_there(tmp_path, capsys):
+    """An --out that was there (empty, or holding a refused run's log) is kept, without a
+    spec.yaml of the refused run; the same command then runs as into a fresh directory."""
+    from runtime.procs import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    overrides = ["--set", f"live.server_urls=[{url}]", "--set", "run.iterations=1"]
+    empty, earlier = tmp_path / "empty", tmp_path / "earlier"
+    empty.mkdir()
+    earlier.mkdir()
+    (earlier / "run.log").write_text("an earlier start's log\n")
+    for out in (empty, earlier):
+        assert main(["run", "live-tiny", "--live", *overrides, "--out", str(out)]) == 1
+    assert "does not answer /health" in _flat(capsys.readouterr().out)
+    assert list(empty.iterdir()) == []
+    assert [p.name for p in earlier.iterdir()] == ["run.log"]
+    assert (earlier / "run.log").read_text().startswith("an earlier start's log\n")
 
 
 def test_attached_servers_are_checked_for_health_the_token_the_routes_and_the_key():

@@ -66,3 +66,14 @@ def test_saving_says_writing_results(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="policies.results"):
         RunResult(small_spec(run__trace=False), {}, [], []).save(tmp_path)
     assert caplog.messages[0] == f"writing results to {tmp_path}…"
+
+
+def test_a_resumed_run_counts_its_steps_from_where_it_resumed():
+    """Before: a run resumed after step 2 of 6 counted 1/6 after its first step."""
+    out, clock = io.StringIO(), Clock()
+    console = Console(file=out, force_terminal=False, width=200)
+    with RunProgress(console, "r · sync", 6, completed=3, plain_every_s=30.0, clock=clock) as bar:
+        clock.now_s += 31
+        bar.on_step(_update(3))
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("r · sync ·")]
+    assert lines == ["r · sync · 4/6 steps · 8 samples · reward 0.500 · lag 1.00 · 31 s"]

@@ -230,21 +230,24 @@ def test_a_stopped_or_crashed_run_ends_its_wandb_run_with_a_non_zero_exit_code(t
 
 
 def test_a_finished_live_run_run_again_writes_no_tracking(tmp_path, monkeypatch):
-    """Re-running a finished live run into its --out returns its saved results
-    (``run_live``); before, each time added a TensorBoard file of summary scalars at step
-    0 (and would open a new MLflow or W&B run)."""
+    """Re-running a finished live run into its --out shows its saved results
+    (``experiments.live_out``); before, each time added a TensorBoard file of summary
+    scalars at step 0 (and would open a new MLflow or W&B run)."""
     from experiments import cli
-    from policies.results import RunResult
+    from experiments.specs import config_path
+    from policies.spec import load_spec
     from runtime.run_dir import RunDir
 
     out = tmp_path / "run"
-    args = ["run", "streamrl-7b", "--out", str(out), "--set", "run.iterations=2",
-            "--set", "algorithm.batch_size=64"]  # fmt: skip
+    sets = ["run.iterations=2", "algorithm.batch_size=64"]
+    args = ["run", "streamrl-7b", "--out", str(out), "--set", sets[0], "--set", sets[1]]
     assert main(args) == 0
-    saved = RunResult.load(out)
-    RunDir(out).checkpoint.parent.mkdir()  # a live run's directory: a resume, not a new run
+    # a live run's directory: its spec as given (not the split the simulator chose), a
+    # checkpoint (a resume, not a new run)
+    (out / "spec.yaml").write_text(load_spec(config_path("streamrl-7b"), sets).to_yaml())
+    RunDir(out).checkpoint.parent.mkdir()
     RunDir(out).checkpoint.write_bytes(b"")
-    monkeypatch.setattr(cli, "_execute", lambda *a, **k: saved)  # run_live's finished path
+    monkeypatch.setattr(cli, "_execute", lambda *a, **k: pytest.fail("it ran again"))
     # a simulator's spec (groups of one): only the finished path is under test here
     monkeypatch.setattr("runtime.launcher.check_live_run", lambda *a, **k: None)
     assert main([*args, "--live", "--set", "run.tracking=tensorboard"]) == 0

@@ -1,0 +1,83 @@
+"""``tandem run --live`` into a run directory it finds (``experiments.live_out``): a
+finished run is not run again and its results are not rewritten; a resumed run's
+progress bar counts the whole run."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from experiments import cli
+from experiments.cli import main
+from policies.records import StepStats
+from policies.results import RunResult
+from policies.spec import load_spec
+from policies.tracking import StepUpdate
+from runtime import launcher
+from runtime.run_dir import RunDir
+
+CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
+
+
+def _checkpointed(out: Path, steps: int) -> None:
+    """``out`` as a live run of live-tiny leaves it, checkpointed after ``steps`` steps."""
+    RunDir(out).prepare(load_spec(CONFIG))
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "last.pt").write_bytes(b"a checkpoint")
+    lines = "".join(f'{{"next_step":{n},"samples":[]}}\n' for n in range(1, steps + 1))
+    (out / "checkpoints" / "history.jsonl").write_text(lines)
+
+
+def _no_processes(*args) -> None:
+    raise AssertionError("processes started")
+
+
+def test_a_finished_run_run_again_rewrites_none_of_its_files(tmp_path, monkeypatch, capsys):
+    """Before: the launcher found the run finished, and the CLI drew timeline.png again
+    (and appended to run.log)."""
+    out = tmp_path / "run"
+    _checkpointed(out, 6)
+    metrics = {"num_samples_trained": 192, "throughput_samples_per_s": 50.0}
+    RunResult(load_spec(CONFIG), metrics, [], []).save(out, False)
+    (out / "steps.json").write_text(json.dumps([{"step": i} for i in range(6)]))
+    (out / "timeline.png").write_bytes(b"the run's plot")
+    (out / "run.log").write_text("the run's log\n")
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = {p: p.read_bytes() for p in files}
+    monkeypatch.setattr(launcher, "_run_processes", _no_processes)
+    assert main(["run", str(CONFIG), "--live", "--out", str(out)]) == 0
+    assert {p: p.read_bytes() for p in sorted(p for p in out.rglob("*") if p.is_file())} == before
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"{out} holds this run, finished: nothing run again or rewritten" in printed
+    assert f"results in {out}" in printed
+
+
+def test_a_finished_run_with_a_spec_that_changes_training_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    _checkpointed(out, 6)
+    RunResult(load_spec(CONFIG), {}, [], []).save(out, False)
+    (out / "steps.json").write_text(json.dumps([{"step": i} for i in range(6)]))
+    code = main(["run", str(CONFIG), "--live", "--out", str(out), "--set", "run.seed=1"])
+    assert code == 2
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "this spec changes what is trained: run.seed (0 → 1)" in printed
+
+
+def test_a_resumed_runs_bar_starts_at_its_checkpoint(tmp_path, monkeypatch):
+    """Before: resumed after step 2 of 6, the bar showed 1/6 after its first step."""
+    out = tmp_path / "run"
+    _checkpointed(out, 3)
+    bar = io.StringIO()
+    monkeypatch.setattr(cli, "err_console", Console(file=bar, force_terminal=True, width=200))
+
+    def one_step_then_ctrl_c(spec, run_dir, predictor, after_step, on_step, *args) -> None:
+        on_step(StepUpdate(StepStats(3, 4, 32, 320, 0.0, 1.0), (), ()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "_run_processes", one_step_then_ctrl_c)
+    assert main(["run", str(CONFIG), "--live", "--out", str(out)]) == 130
+    shown = bar.getvalue()
+    assert "4/6" in shown and "1/6" not in shown
