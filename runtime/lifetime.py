@@ -10,6 +10,10 @@ import ctypes
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -103,3 +107,40 @@ def exit_without_finalizing(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    """One process, told apart from a later one that is given the same pid."""
+
+    pid: int
+    start_ticks: int  # when it started: /proc/PID/stat's starttime, clock ticks after boot
+
+
+def identify(pid: int) -> ProcessIdentity | None:
+    """The process running as ``pid`` now; None if none does (a zombie does not run), or
+    where there is no ``/proc`` to tell (not Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else ProcessIdentity(pid, int(fields[19]))
+
+
+def when_gone(
+    process: ProcessIdentity, then: Callable[[], None], poll_s: float = 0.5
+) -> threading.Thread:
+    """Call ``then`` once ``process`` has ended, from a daemon thread of its own that looks
+    every ``poll_s``. A zombie has ended (its parent has not reaped it yet), and so has a
+    pid that a newer process was given meanwhile. Where :func:`die_with_parent` is not
+    enough: a Ray worker outlives its raylet, and must then stop its server's whole
+    process group itself (:mod:`runtime.ray_actors`)."""
+
+    def watch() -> None:
+        while identify(process.pid) == process:
+            time.sleep(poll_s)
+        then()
+
+    thread = threading.Thread(target=watch, name=f"when-gone-{process.pid}", daemon=True)
+    thread.start()
+    return thread

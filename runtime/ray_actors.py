@@ -4,6 +4,9 @@
 its routes unchanged) as its own child on the actor's node, bound to the node's address;
 the server's whole process group dies with the actor (``PR_SET_PDEATHSIG`` and
 :func:`runtime.procs.stop_server`), so when Ray kills an actor nothing it started runs on.
+Nor when the actor's node dies: ``ray.kill`` cannot reach an actor whose raylet is gone,
+and Ray's worker outlived its raylet (and so did the server), so the actor watches its
+raylet and, once it is gone, stops its server and exits (:func:`exit_with_raylet`).
 :class:`TrainerRank` is one FSDP2 rank (:class:`runtime.sharded_trainer.ShardedTrainer`)
 with the weight-group calls of :class:`runtime.trainer_proc.TrainerWorker`; rank 0 joins
 the servers' weight group and broadcasts what every rank gathered.
@@ -14,16 +17,29 @@ the resources of their placement-group bundles.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from policies.records import StepStats
-from runtime.lifetime import deaf_to_stop_signals
+from runtime.lifetime import (
+    ProcessIdentity,
+    deaf_to_stop_signals,
+    exit_without_finalizing,
+    identify,
+    when_gone,
+)
 from runtime.procs import ServerProcess, free_port, start_server, stop_server, wait_healthy
 from runtime.trainer import TrainerConfig, TrainItem
 from runtime.trainer_proc import PushResult, ServerAddr, TrainerWorker
+
+RAYLET_POLL_S = 0.5  # how often an actor looks whether its raylet still runs
+
+logger = logging.getLogger(__name__)
 
 
 def node_address() -> str:
@@ -38,6 +54,33 @@ def node_id() -> str:
     import ray
 
     return ray.get_runtime_context().get_node_id()
+
+
+def raylet() -> ProcessIdentity | None:
+    """The raylet of this Ray worker (``RAY_RAYLET_PID``, which Ray gives the workers it
+    starts; else this process's parent); None if it cannot be seen (no ``/proc``)."""
+    pid = os.environ.get("RAY_RAYLET_PID")
+    return identify(int(pid) if pid else os.getppid())
+
+
+def exit_with_raylet(release: Callable[[], None]) -> threading.Thread | None:
+    """From now on, when this worker's raylet ends (its node died), ``release`` what the
+    actor started and end the worker, within about :data:`RAYLET_POLL_S`. Ray cannot kill
+    an actor whose raylet is gone, and its worker was seen to run on without it (in a
+    cluster whose killed raylet stayed a zombie, unreaped by the process that started it:
+    tests/test_ray_node_death.py). None where the raylet cannot be watched."""
+    watched = raylet()
+    if watched is None:
+        return None
+
+    def exit_now() -> None:
+        logger.warning("the raylet (pid %d) of this Ray worker ended: exiting", watched.pid)
+        try:
+            release()
+        finally:
+            exit_without_finalizing(1)
+
+    return when_gone(watched, exit_now, RAYLET_POLL_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,18 +122,30 @@ class ServerActor:
         self.instance_id = instance_id
         self.settings = settings
         self._server: ServerProcess | None = None
+        self._raylet_watch: threading.Thread | None = None
 
     def start(self) -> ServerInfo:
-        """Start the server on a free port of this node; returns once it answers /health."""
-        s, host = self.settings, node_address()
+        """Start the server on a free port of this node; returns once it answers /health.
+        Should the node's raylet die from now on, the server is stopped and the actor exits
+        (:func:`exit_with_raylet`)."""
+        if self._raylet_watch is None:
+            self._raylet_watch = exit_with_raylet(self.stop)
+        host = node_address()
+        server = self._start_healthy(host)
+        placed = Placed(server.proc.pid, node_id(), host)
+        return ServerInfo(self.instance_id, server.base_url, placed)
+
+    def _start_healthy(self, host: str) -> ServerProcess:
+        """Start the server on a free port of ``host`` (``self._server`` from then on, for a
+        stop while it starts); returns it once it answers /health."""
+        s = self.settings
         self._server = start_server(
             self.instance_id, s.model_dir, host, free_port(host), s.token, self._cores(),
             s.kv_cache_gib, s.max_model_len, s.max_num_seqs, Path(s.log_dir), api_key=s.api_key,
             engine_nice=s.engine_nice,
         )  # fmt: skip
         wait_healthy(self._server, s.startup_timeout_s)
-        placed = Placed(self._server.proc.pid, node_id(), host)
-        return ServerInfo(self.instance_id, self._server.base_url, placed)
+        return self._server
 
     def _cores(self) -> list[int]:
         """``cores_per_server`` of this node's cores, a different slice per instance."""
@@ -125,10 +180,12 @@ class TrainerRank:
     (:func:`runtime.lifetime.deaf_to_stop_signals`; Ray's worker turned SIGTERM into an
     exit): a SIGTERM to every process of the run (a cgroup's: systemd, Slurm's job step)
     is the command's to act on, and does not end the rank before the stop's checkpoint.
-    The driver ends it (``ray.kill``) once the stop is done (docs/ray.md)."""
+    The driver ends it (``ray.kill``) once the stop is done (docs/ray.md); a rank whose
+    node's raylet dies ends itself (:func:`exit_with_raylet`)."""
 
     def __init__(self, config: TrainerConfig, rank: int, world_size: int, device: str) -> None:
         deaf_to_stop_signals()  # the stop's checkpoint is the driver's to ask for
+        self._raylet_watch = exit_with_raylet(lambda: None)  # the worker's start: no orphan
         self.config = config
         self.rank = rank
         self.world_size = world_size

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from helpers import TANDEM
 from proc_view import alive, descendants
 
 from runtime.errors import ProcessDied, describe_exit
+from runtime.lifetime import identify, when_gone
 from runtime.procs import ServerProcess, group_alive, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,6 +66,23 @@ def test_stop_server_kills_the_whole_group_when_its_leader_is_already_dead(tmp_p
     assert all(alive(c) for c in children)
     stop_server(ServerProcess(0, "http://127.0.0.1:1", proc, tmp_path / "log"), grace_s=5)
     assert _wait_gone(children, 5) == [] and not group_alive(proc.pid)
+
+
+def test_a_watched_process_killed_but_not_yet_reaped_counts_as_gone():
+    """A Ray worker watches its raylet (runtime.ray_actors.exit_with_raylet); a killed
+    raylet stayed a zombie, its parent not reaping it, and Ray's worker ran on."""
+    proc = subprocess.Popen(["sleep", "300"])
+    watched = identify(proc.pid)
+    assert watched is not None and watched.pid == proc.pid
+    ended = threading.Event()
+    when_gone(watched, ended.set, poll_s=0.05)
+    assert not ended.wait(0.3)  # running: nothing called
+    os.kill(proc.pid, signal.SIGKILL)
+    try:
+        assert ended.wait(30), "the watch did not see its process end"
+        assert Path(f"/proc/{proc.pid}").exists()  # still a zombie: this test reaps it below
+    finally:
+        proc.wait()
 
 
 FORKER = """
