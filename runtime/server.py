@@ -57,6 +57,7 @@ from runtime.lease import LeaseHeld, RunLease, lease_s_from_env
 from runtime.lifetime import exit_without_finalizing
 from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
 from runtime.route_errors import RouteError, install_route_errors
+from runtime.server_stop import StopNotingLoop, quiet_engine_dead_at_stop
 from runtime.vllm_plugin import SPIN_ENV
 from runtime.weight_sync import BucketDigest, ParamMeta
 
@@ -287,6 +288,7 @@ async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
     from vllm.entrypoints.launchers.app import build_app
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
 
+    quiet_engine_dead_at_stop(asyncio.get_running_loop())  # a stop's log reads as one
     _, sock = setup_server(args, reuse_port=False)
     frontend_cores = restrict_for_engine_start(os.environ.get(ENGINE_CORES_ENV))
     async with build_async_engine_client(args) as engine:
@@ -346,7 +348,8 @@ def serve_main(
     os.environ.setdefault(SEED_REWIND_ENV, "1")  # seeded chunked prefills on vLLM-CPU
     reap_forks_with_parent()  # before vLLM forks its engine core and worker
     args = vllm_args(model_dir, host, port, max_model_len, max_num_seqs, kv_cache_gib)
-    asyncio.run(_serve(args, policy))
+    with asyncio.Runner(loop_factory=StopNotingLoop) as runner:  # runtime.server_stop
+        runner.run(_serve(args, policy))
 
 
 def main() -> None:

@@ -8,10 +8,9 @@ reaches the actor's loop as a :class:`Lost` event, in order with the samples tha
 returned before it died, and becomes the controller's ``InstanceLost``: its unreturned
 requests go to the other servers with the same sample ids (a returned sample is never
 sent again, so none is trained twice). Its process group is killed, the event is logged
-and recorded (``faults.json``), and with ``live.restart_servers`` it is started again;
-once healthy it joins the weight group at the next push and comes back as
-``InstanceAdded`` at that push's version. With no server left the run stops with
-:class:`ServersLost`, one line naming the dead process.
+and recorded (``faults.json``), and with ``live.restart_servers`` it is started again,
+joins the weight group at the next push and is back as ``InstanceAdded`` (answering no
+scale-out). With no server left the run stops with :class:`ServersLost`.
 """
 
 from __future__ import annotations
@@ -385,16 +384,17 @@ class ServerFaults:
         actor.post(InstanceRetired(actor.now(), instance_id))
 
     def _welcome(self, version: int) -> None:
-        """Servers that were restarted are back, serving the version just pushed."""
+        """Servers restarted or added serve the version just pushed (a restart: no scale-out)."""
         local = version - self.actor.config.step_offset
-        for i in self.members:
-            if self._state[i] != State.REJOINING:
-                continue
-            self._state[i] = State.SERVING
+        joined = [i for i in self.members if self._state[i] == State.REJOINING]
+        added = self._adding.intersection(joined)
+        if added:
             self._adding.clear()  # the controller hears of an addition: its scale-out is done
+        for i in joined:
+            self._state[i] = State.SERVING
             view = dataclasses.replace(
                 self._views.pop(i), num_assigned=0, assigned_tokens=0.0, version=local
             )
             now = self.actor.now()
             self.actor.recorder.fault(Fault(now, i, "rejoined", "serving again", version=version))
-            self.actor.post(InstanceAdded(now, view))
+            self.actor.post(InstanceAdded(now, view, from_scale_out=i in added))

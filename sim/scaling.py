@@ -47,7 +47,7 @@ def scale_out(
     for _ in range(count):
         inst = add(pool, latest_version())
         view = instance_view(inst.engine.config.instance_id, pool, kv_capacity, inst.engine.version)
-        world.emit(InstanceAdded(to_seconds(world.env.now), view))
+        world.emit(InstanceAdded(to_seconds(world.env.now), view, from_scale_out=True))
 
 
 def retire(world: ScalingWorld, instance_ids: tuple[int, ...]) -> None:

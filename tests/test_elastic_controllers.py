@@ -10,6 +10,7 @@ from helpers import view
 from policies.modes.events import (
     Dispatch,
     InstanceAdded,
+    InstanceLost,
     InstanceRetired,
     OptimizerStep,
     PushWeights,
@@ -39,7 +40,7 @@ def test_elastic_scale_out_and_the_new_instance_gets_work():
     assert s.step_done(0, 6.0) == [ScaleOut(1), PushWeights(1, BARRIER)]
     assert rule.calls == [(4.0, 0.5, 2)]  # wave 0 took 4 s, step 0 was busy 0.5 s
     # the new instance starts with the latest weights; it joins the next wave
-    assert s.ctl.handle(InstanceAdded(6.5, view(2, version=1))) == []
+    assert s.ctl.handle(InstanceAdded(6.5, view(2, version=1), from_scale_out=True)) == []
     assert s.loaded(0, 1, 7.0) == []
     # round-robin over three instances from cursor 4: 4→1, 5→2, 6→0, 7→1
     assert s.loaded(1, 1, 7.0) == [
@@ -73,6 +74,37 @@ def test_no_second_scale_out_while_one_is_pending():
     assert s.step_done(0, 3.0) == [ScaleOut(1), PushWeights(1, BARRIER)]
     assert s.step_done(1, 4.0) == [PushWeights(2, BARRIER)]  # still waiting for the first
     assert len(rule.calls) == 1
+
+
+def test_a_restarted_instance_does_not_end_a_pending_scale_out():
+    """Before: any ``InstanceAdded`` ended the pending scale-out, so a lost server restarted
+    while the scale-out's server was starting let the rule add another (two for one)."""
+    rule = AddOne()
+    s = Script("disagg-sync", iterations=4, scaling=rule)
+    s.start()
+    assert s.ctl.handle(InstanceLost(1.5, 1, s.rs(1, 3))) == [Dispatch(0, s.rs(1, 3))]
+    for sid in range(4):
+        s.finish(sid, 0, 1.0 + sid)
+    assert s.step_done(0, 6.0) == [ScaleOut(1), PushWeights(1, BARRIER)]
+    # instance 1, restarted, is back at the push's version; the scale-out's is not yet
+    assert s.ctl.handle(InstanceAdded(6.2, view(1, version=1), from_scale_out=False)) == []
+    assert s.loaded(0, 1, 6.5) == [Dispatch(0, s.rs(4, 6)), Dispatch(1, s.rs(5, 7))]
+    for sid in range(4, 8):
+        s.finish(sid, sid % 2, 7.0, v_start=1)
+    assert s.step_done(1, 8.0) == [PushWeights(2, BARRIER)]  # still waiting for instance 2
+    assert len(rule.calls) == 1
+    # instance 2 comes: the scale-out is done, and the next step may decide again
+    assert s.ctl.handle(InstanceAdded(8.2, view(2, version=2), from_scale_out=True)) == []
+    assert s.loaded(0, 2, 8.5) == []
+    assert s.loaded(1, 2, 8.5) == [
+        Dispatch(0, s.rs(10)),
+        Dispatch(1, s.rs(8, 11)),
+        Dispatch(2, s.rs(9)),
+    ]
+    for sid in range(8, 12):
+        s.finish(sid, [1, 2, 0, 1][sid - 8], 9.0, v_start=2)
+    assert s.step_done(2, 10.0) == [ScaleOut(1), PushWeights(3, BARRIER)]
+    assert rule.calls[-1][2] == 3
 
 
 class RetireOne:
@@ -117,3 +149,19 @@ def test_the_last_instance_is_never_retired():
     for sid in range(4):
         s.finish(sid, 0, 1.0 + sid)
     assert s.step_done(0, 6.0) == [PushWeights(1, BARRIER)]
+
+
+def test_a_retiring_instance_lost_ends_the_scale_in():
+    """Before: the scale-in waited for an ``InstanceRetired`` that a lost instance never
+    sends, and the rule was not asked again for the rest of the run."""
+    rule = RetireOne()
+    s = Script("one-step-async", iterations=4, scaling=rule)
+    s.start()
+    for sid in range(4):
+        s.finish(sid, sid % 2, 1.0 + sid)  # wave 1 goes out: 4, 6 to instance 0; 5, 7 to 1
+    assert s.step_done(0, 5.0) == [ScaleIn((1,)), PushWeights(1, BARRIER)]
+    assert s.ctl.handle(InstanceLost(5.5, 1, s.rs(5, 7))) == [Dispatch(0, s.rs(5, 7))]
+    for sid in range(4, 8):
+        s.finish(sid, 0, 6.0)
+    assert s.step_done(1, 7.0) == [PushWeights(2, BARRIER)]  # the last one is never retired
+    assert len(rule.calls) == 2  # asked again

@@ -34,7 +34,8 @@ def test_a_wave_mode_sends_a_lost_instances_requests_to_the_other_and_goes_on_wi
     for sid in (4, 5, 6, 7):
         s.finish(sid, 0, 5.0)
     assert s.step_done(1, 6.0) == [PushWeights(2, InflightHandling.BARRIER)]
-    assert s.ctl.handle(InstanceAdded(6.5, view(1, version=2))) == []  # back at version 2
+    back = InstanceAdded(6.5, view(1, version=2), from_scale_out=False)  # a restart
+    assert s.ctl.handle(back) == []  # back at version 2
     assert s.loaded(0, 2, 7.0) == [Dispatch(0, s.rs(8, 10)), Dispatch(1, s.rs(9, 11))]
 
 

@@ -2,8 +2,8 @@
 controller, fakes (tests/server_fakes.py). A push that finds a server dead goes again
 without it; the trainer trains while the servers load and steps once they answered; a
 step ends when the actor finished it; elastic scale-out adds a server that serves
-current weights and retires it drained, and one that adds no server lets the controller
-scale again.
+current weights and retires it drained, one that adds no server lets the controller
+scale again, and a lost server restarted meanwhile is not taken for the scale-out's.
 """
 
 from __future__ import annotations
@@ -160,4 +160,39 @@ def test_a_scale_out_that_adds_no_server_lets_the_controller_scale_again(how, ca
            "dies": "server 2 was lost before it joined (generation server 2 (pid 42) killed",
            "attached": "the run attached to its servers (live.server_urls)"}[how]  # fmt: skip
     assert said[0].startswith(f"elastic scale-out added no server: {why}")
+    assert sorted(actor.controller.views) == [0, 1]
+
+
+class StartingServers(FakeServers):
+    """Servers restarted at once, while an added one stays starting for the whole run."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        super().__init__(world, restart=True)
+        self.attempts = 0
+
+    async def add(self, instance_id: int) -> ServerSlot:
+        self.attempts += 1
+        await asyncio.Event().wait()  # never healthy
+        raise AssertionError("not reached")
+
+
+def test_a_restarted_server_is_not_taken_for_the_pending_scale_outs_server():
+    """Before: the restarted server's InstanceAdded ended the pending scale-out, and the
+    rule, asked again after every later step, started one more server each time."""
+    actor, world, trainer, recorder = fake_actor(
+        "disagg-sync", 2, break_after=2, restart=True, iterations=4,
+        sets=[f"policies.allocation={scripted_scaling.register_always_add()}"],
+    )  # fmt: skip
+    servers = actor.faults.servers = StartingServers(world)
+
+    async def after_step(step: int) -> None:  # the push after step 0 takes server 1 back
+        while step == 0 and not any(f.event == "restarted" for f in recorder.faults):
+            await asyncio.sleep(0.01)
+
+    actor.after_step = after_step
+    asyncio.run(run_actor(actor))
+    assert sorted(trainer.trained) == list(range(4 * BATCH))  # each sample once
+    events = [(f.event, f.instance_id) for f in recorder.faults]
+    assert events == [("lost", 1), ("restarted", 1), ("rejoined", 1)]
+    assert servers.attempts == 1  # one scale-out, still waiting for its server
     assert sorted(actor.controller.views) == [0, 1]

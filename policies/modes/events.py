@@ -77,10 +77,15 @@ class InstanceAdded:
     older than any version pushed before (a push it missed while starting never reaches
     it, and a batch waiting for every instance to hold those weights would wait forever).
     The simulator loads the latest weights as the instance starts; the live runtime adds
-    a server at the push that brought it into the weight group."""
+    a server at the push that brought it into the weight group.
+
+    ``from_scale_out``: True for an instance a ``ScaleOut`` started (the controller's
+    scale-out is done); False for a lost instance that was restarted and serves again
+    (the live runtime's ``live.restart_servers``), which answers no scale-out."""
 
     time_s: float
     view: InstanceView
+    from_scale_out: bool
 
 
 @dataclass(frozen=True, slots=True)

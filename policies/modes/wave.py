@@ -139,8 +139,10 @@ class WaveController(Controller):
         return self._maybe_start_wave(event.time_s)
 
     def _on_added(self, event: InstanceAdded) -> list[Command]:
+        """A new instance serves (or a lost one, restarted: it answers no pending scale-out)."""
         self._on_instance_added(event)
-        self._scale_pending = False
+        if event.from_scale_out:
+            self._scale_pending = False
         return self._maybe_start_wave(event.time_s)
 
     def _on_scale_out_failed(self, event: ScaleOutFailed) -> list[Command]:
@@ -155,7 +157,10 @@ class WaveController(Controller):
 
     def _on_lost(self, event: InstanceLost) -> list[Command]:
         """Its requests go to the others and still count for their wave; the next wave no
-        longer waits for the lost instance's weights."""
+        longer waits for the lost instance's weights. A retiring one lost ends its scale-in
+        (no ``InstanceRetired`` will come for it)."""
+        if event.instance_id in self.retiring:
+            self._scale_pending = False
         return self._on_instance_lost(event) + self._maybe_start_wave(event.time_s)
 
     # -- steps -------------------------------------------------------------------------
