@@ -4,8 +4,9 @@
 dealt longest-first round the instances (as length-aware dispatch does), and that
 instance runs them with continuous batching, ``min(max_num_seqs, what the KV cache
 holds)`` at a time, longest first, each segment between two completions priced with the
-cost model's decode step. ``T_train`` prices the batch's tokens on the trainer
-(:class:`policies.allocation.StageModel`). A mode combines them:
+cost model's decode step. ``T_train`` prices the batch's tokens on the trainer, with the
+step's exposed gradient all-reduce and optimizer step (:class:`policies.allocation.StageModel`
+with ``sim.step_cost``, as the simulated trainer pays them). A mode combines them:
 
 * ``colocated-sync``: ``T_gen + T_train + 2 × context switch`` on every GPU;
 * ``disagg-sync``, ``conventional``: ``T_gen + T_train`` (no overlap);
@@ -39,6 +40,7 @@ from policies.rng import RngStreams
 from policies.spec import RunSpec
 from sim.cluster import min_trainer_gpus
 from sim.costs import SimCostModel, build_cost_model
+from sim.step_cost import StepCost
 from sim.tables import hardware_of
 from sim.workload import Workload
 
@@ -87,6 +89,7 @@ class Estimator:
             prompt_tokens=workload.mean_prompt_tokens,
             output_tokens=workload.sample_lengths(NUM_LENGTH_SAMPLES),
             micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
+            step_cost=StepCost.of(spec, cost),
         )
         inventory = Inventory.of(spec)
         if len(inventory.groups) == 1:  # Alg. 1's splits keep the trainer's memory floor
@@ -172,10 +175,10 @@ class Estimator:
         return running / self.cost.decode_step_s(Device(hardware, s.tp), running, context)
 
     def _train_s(self, hardware: str, num_gpus: int) -> float:
+        """One step on the trainer: forward, backward, exposed all-reduce and optimizer."""
         if num_gpus <= 0:
             return math.inf
-        device = Device(hardware, num_gpus)
-        return self.stages.training_s(hardware, num_gpus) + self.cost.optimizer_s(device)
+        return self.stages.training_s(hardware, num_gpus)
 
     def cost_units(self, s: Structure) -> float | None:
         """GPU cost in H20-machine units (``policies.results.COST_UNIT``; the sim's

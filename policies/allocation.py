@@ -21,7 +21,9 @@ waves. Known bias: outputs of one length finish together and so do run in waves,
 full phase prices as if they did not (up to one drain short). Training prices the batch's
 tokens with the cost model on the GPUs the batch keeps busy
 (:func:`policies.data_parallel.busy_trainer_gpus`: at most one per micro-batch of
-``micro_batch_per_gpu`` samples), as the simulator's trainer does.
+``micro_batch_per_gpu`` samples), as the simulator's trainer does, and adds what the
+trainer pays once per optimizer step on all its GPUs, the exposed gradient all-reduce and
+the optimizer step (``StageModel.step_cost``: the simulator's own ``sim.step_cost``).
 """
 
 from __future__ import annotations
@@ -36,11 +38,21 @@ from typing import Protocol
 import numpy as np
 
 from policies.cluster import ClusterSection, GenerationPool
-from policies.data_parallel import busy_trainer_gpus
+from policies.data_parallel import busy_trainer_gpus, micro_batches_per_gpu
 from policies.protocols import CostModel, Device
 from policies.registry import Factories, Registry
 
 log = logging.getLogger(__name__)
+
+
+class OptimizerStepCost(Protocol):
+    """What a trainer pays once per optimizer step beyond its forward and backward passes
+    (the exposed gradient all-reduce and the optimizer step), in seconds."""
+
+    def step_s(self, device: Device, num_samples: int, num_tokens: float) -> float:
+        """A step of ``num_samples`` samples and ``num_tokens`` tokens on ``device``, every
+        trainer GPU (those the batch does not keep busy hold gradients and state too)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -53,6 +65,7 @@ class StageModel:
     output_tokens: Sequence[int]  # a sample of output lengths (any size)
     micro_batch_per_gpu: int = 1  # samples per trainer GPU per micro-batch
     min_trainer_gpus: int = 1  # the fewest whose memory holds the training state
+    step_cost: OptimizerStepCost | None = None  # None: forward and backward alone
 
     def generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
         """Time for ``num_gpus`` of ``pool`` to generate one batch split evenly."""
@@ -92,10 +105,25 @@ class StageModel:
         return total
 
     def training_s(self, hardware: str, num_gpus: int) -> float:
+        """One optimizer step of one batch on ``num_gpus``: its forward and backward
+        (:meth:`forward_backward_s`) and what the step adds on every GPU (``step_cost``)."""
+        train_s = self.forward_backward_s(hardware, num_gpus)
+        if self.step_cost is None:
+            return train_s
+        device = Device(hardware, num_gpus)
+        return train_s + self.step_cost.step_s(device, self.batch_size, self.batch_tokens)
+
+    def forward_backward_s(self, hardware: str, num_gpus: int) -> float:
         """Forward and backward of one batch on ``num_gpus``, of which only as many as the
         batch has micro-batches do work (``busy_trainer_gpus``)."""
-        tokens = self.batch_size * (self.prompt_tokens + float(np.mean(self.output_tokens)))
-        return self.cost.train_s(Device(hardware, self.busy_trainer_gpus(num_gpus)), int(tokens))
+        busy = self.busy_trainer_gpus(num_gpus)
+        calls = micro_batches_per_gpu(busy, self.batch_size, self.micro_batch_per_gpu)
+        return self.cost.train_s(Device(hardware, busy), int(self.batch_tokens), calls)
+
+    @property
+    def batch_tokens(self) -> float:
+        """Prompt and output tokens of one batch, at the mean lengths."""
+        return self.batch_size * (self.prompt_tokens + float(np.mean(self.output_tokens)))
 
     def busy_trainer_gpus(self, num_gpus: int) -> int:
         """Of ``num_gpus`` trainer GPUs, those one batch keeps busy: one per micro-batch."""

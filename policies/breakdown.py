@@ -7,9 +7,11 @@ is split without overlap, in this order of precedence: pushing weights (``weight
 spans of the trainer), a colocated context switch beyond its push, training (``train``
 spans), and waiting (no trainer span: the trainer had nothing to do). Training and
 waiting are split further with what the executor measures inside each step: the
-optimizer step (live and simulated) and, live only, the checkpoint (inside its train
-span) and the bookkeeping (its hooks, inside the span; tracking and progress reports,
-after it). Beside the partition,
+optimizer step (live and simulated), the gradient all-reduce's exposed part (simulated
+only: ``grad_sync_s``, which opens the simulated optimizer job, ``sim.trainer``; a live
+trainer's all-reduce is not timed apart and sits in its ``train_s`` and ``optimizer_s``)
+and, live only, the checkpoint (inside its train span) and the bookkeeping (its hooks,
+inside the span; tracking and progress reports, after it). Beside the partition,
 two overlapping figures: the time any generation instance was generating, and the mean
 time an instance was paused for a weight update (``pause_s``: the mean over instances, not
 their sum; the run log's per-step "pause ... s per instance" and the trackers'
@@ -26,7 +28,7 @@ from policies.intervals import Interval, Measure, merged, minus
 from policies.records import Span, SpanKind
 from policies.resources import TRAINER, is_generation
 
-INSIDE = ("optimizer_s", "checkpoint_s", "hooks_s")  # measured in a step's train span
+INSIDE = ("optimizer_s", "grad_sync_s", "checkpoint_s", "hooks_s")  # in a step's train span
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class StepBreakdown:
     window_s: float  # previous step's end (or the run's start) to this step's end
     train_s: float  # forward and backward passes (the trainer's train spans, less the below)
     optimizer_s: float  # the optimizer step itself
+    grad_sync_s: float  # the gradient all-reduce's exposed part (simulated; 0 live)
     checkpoint_s: float
     bookkeeping_s: float  # the executor's hooks after a step, tracking and progress
     push_s: float  # the trainer pushing weights
@@ -49,7 +52,8 @@ def _intervals(spans: Sequence[Span], kind: SpanKind, resource: str) -> list[Int
 
 def step_breakdowns(spans: Sequence[Span], steps: Sequence[dict[str, Any]]) -> list[StepBreakdown]:
     """One breakdown per entry of ``steps``, in order (each with ``end_s``; ``done_s``,
-    ``optimizer_s``, ``checkpoint_s``, ``hooks_s`` and ``report_s`` where measured)."""
+    ``optimizer_s``, ``grad_sync_s``, ``checkpoint_s``, ``hooks_s`` and ``report_s`` where
+    measured)."""
     push = _intervals(spans, SpanKind.WEIGHT_SYNC, TRAINER)
     switch = minus(_intervals(spans, SpanKind.CONTEXT_SWITCH, TRAINER), push)
     train = minus(minus(_intervals(spans, SpanKind.TRAIN, TRAINER), push), switch)
@@ -76,6 +80,7 @@ def step_breakdowns(spans: Sequence[Span], steps: Sequence[dict[str, Any]]) -> l
                 window_s=end - lo,
                 train_s=parts["train"] - scale * sum(inside.values()),
                 optimizer_s=scale * inside["optimizer_s"],
+                grad_sync_s=scale * inside["grad_sync_s"],
                 checkpoint_s=scale * inside["checkpoint_s"],
                 bookkeeping_s=scale * inside["hooks_s"] + report,
                 push_s=parts["push"],

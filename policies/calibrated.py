@@ -199,21 +199,29 @@ class CalibratedCosts:
         decode = self.decode_step_s(device, work.num_decode, work.decode_context_tokens)
         return decode + prefill - self.prefill_s(device, 0)
 
-    def train_s(self, device: Device, num_tokens: int) -> float:
-        """Forward and backward of ``num_tokens`` on ``device``: the profiled trainer's time
-        for the tokens one of its GPUs would hold (``training_share``). A fit's fixed term
-        (basis ``1``, per call) stays: each of ``device``'s GPUs pays it in parallel."""
-        tokens = num_tokens * self.training_share(device)
-        return self.fits["forward"](tokens=tokens) + self.fits["backward"](tokens=tokens)
+    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
+        """Forward and backward of ``num_tokens`` on ``device``, each GPU running
+        ``num_micro_batches`` micro-batches: the tokens one of the profiled trainer's GPUs
+        would hold (``training_share``), cut into that many equal micro-batches, each priced
+        as the profile measured one forward and one backward call. So a fit's fixed term
+        (basis ``1``) is paid once per micro-batch, and its ``tokens^2`` term in the
+        micro-batch's tokens; each of ``device``'s GPUs pays them in parallel."""
+        k = max(1, num_micro_batches)
+        tokens = num_tokens * self.training_share(device) / k
+        return k * (self.fits["forward"](tokens=tokens) + self.fits["backward"](tokens=tokens))
 
-    def contended_train_s(self, device: Device, num_tokens: int) -> float | None:
+    def contended_train_s(
+        self, device: Device, num_tokens: int, num_micro_batches: int = 1
+    ) -> float | None:
         """Forward and backward while generation decodes on the same host: ``train_s``
-        times the profiled ``train_slowdown`` (never faster). None if not profiled."""
+        times the profiled ``train_slowdown`` of one micro-batch (never faster). None if
+        not profiled."""
         fit = self.fits.get("train_slowdown")
         if fit is None:
             return None
-        tokens = num_tokens * self.training_share(device)
-        return self.train_s(device, num_tokens) * max(1.0, fit(tokens=tokens))
+        k = max(1, num_micro_batches)
+        tokens = num_tokens * self.training_share(device) / k
+        return self.train_s(device, num_tokens, k) * max(1.0, fit(tokens=tokens))
 
     def optimizer_s(self, device: Device) -> float:
         """The profiled optimizer step on ``device``'s GPUs. The profile measured one

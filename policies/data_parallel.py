@@ -19,3 +19,12 @@ def busy_trainer_gpus(num_gpus: int, num_samples: int, micro_batch_per_gpu: int)
     assert num_gpus >= 1 and micro_batch_per_gpu >= 1, (num_gpus, micro_batch_per_gpu)
     num_micro_batches = math.ceil(max(1, num_samples) / micro_batch_per_gpu)
     return min(num_gpus, num_micro_batches)
+
+
+def micro_batches_per_gpu(busy_gpus: int, num_samples: int, micro_batch_per_gpu: int) -> int:
+    """Micro-batches (forward and backward calls) the busiest of ``busy_gpus`` runs for
+    ``num_samples`` samples (at least 1): ``ceil(ceil(num_samples / micro_batch_per_gpu) /
+    busy_gpus)``. A cost model with a fixed cost per call pays it that many times."""
+    assert busy_gpus >= 1 and micro_batch_per_gpu >= 1, (busy_gpus, micro_batch_per_gpu)
+    num_micro_batches = math.ceil(max(1, num_samples) / micro_batch_per_gpu)
+    return math.ceil(num_micro_batches / busy_gpus)

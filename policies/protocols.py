@@ -34,8 +34,9 @@ class CostModel(Protocol):
 
     def prefill_s(self, device: Device, num_tokens: int) -> float: ...
 
-    def train_s(self, device: Device, num_tokens: int) -> float:
-        """Forward and backward of the algorithm's models over ``num_tokens`` tokens."""
+    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
+        """Forward and backward of the algorithm's models over ``num_tokens`` tokens, run
+        as ``num_micro_batches`` micro-batches (calls) on each of ``device``'s GPUs."""
         ...
 
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float: ...

@@ -48,7 +48,7 @@ class TinyCostModel:
     def prefill_s(self, device: Device, num_tokens: int) -> float:
         return self.prefill_per_token_s * num_tokens
 
-    def train_s(self, device: Device, num_tokens: int) -> float:
+    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
         return self.train_per_token_s * num_tokens
 
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:

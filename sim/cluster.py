@@ -20,6 +20,7 @@ from sim.comm import GPUS_PER_MACHINE
 from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
 from sim.kv_cache import blocks_for
 from sim.sequence import engine_limits
+from sim.step_cost import StepCost
 from sim.trained_model import TrainedModel
 from sim.workload import Workload
 
@@ -71,6 +72,7 @@ def resolve_cluster(
         output_tokens=workload.sample_lengths(4096),
         micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
         min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
+        step_cost=StepCost.of(spec, cost),
     )
     return allocation.allocate(cluster, model)
 

@@ -76,11 +76,13 @@ class SimCostModel(Protocol):
     def mixed_step_s(self, device: Device, work: StepWork) -> float: ...
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float: ...
     def prefill_s(self, device: Device, num_tokens: int) -> float: ...
-    def train_s(self, device: Device, num_tokens: int) -> float: ...
+    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float: ...
     def grad_sync_s(
         self, device: Device, backward_tokens: float, fabric: Fabric | None
     ) -> float: ...
-    def contended_train_s(self, device: Device, num_tokens: int) -> float | None: ...
+    def contended_train_s(
+        self, device: Device, num_tokens: int, num_micro_batches: int = 1
+    ) -> float | None: ...
     def optimizer_s(self, device: Device) -> float: ...
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float: ...
     def weight_load_s(self, device: Device) -> float: ...
@@ -191,7 +193,8 @@ class RooflineCostModel:
     def prefill_s(self, device: Device, num_tokens: int) -> float:
         return self.mixed_step_s(device, prefill_work(num_tokens))
 
-    def train_s(self, device: Device, num_tokens: int) -> float:
+    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
+        """FLOPs at ``train_mfu``: linear in tokens, so the micro-batches do not matter."""
         hw = self.hw(device.hardware)
         return (
             self.train_flops_per_token
@@ -199,7 +202,9 @@ class RooflineCostModel:
             / (device.num_gpus * hw.bf16_flops * self.eff.train_mfu)
         )
 
-    def contended_train_s(self, device: Device, num_tokens: int) -> float | None:
+    def contended_train_s(
+        self, device: Device, num_tokens: int, num_micro_batches: int = 1
+    ) -> float | None:
         """None: the trainer's GPUs are its own."""
         return None
 

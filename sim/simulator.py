@@ -29,7 +29,7 @@ from policies.build import (
     mode_of,
 )
 from policies.cluster import GenerationPool
-from policies.data_parallel import busy_trainer_gpus
+from policies.data_parallel import busy_trainer_gpus, micro_batches_per_gpu
 from policies.modes.events import (
     Command,
     ContextSwitched,
@@ -65,7 +65,6 @@ from policies.spec import RunSpec
 from policies.tracking import StepUpdate
 from sim import scaling
 from sim.cluster import kv_too_small, resolve_cluster
-from sim.comm import Fabric
 from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.links import Links
@@ -73,6 +72,7 @@ from sim.pushes import WeightPushes
 from sim.run_loop import few_collections, run_until_done, stall_report
 from sim.scheduler import SequenceTooLong
 from sim.sequence import engine_limits
+from sim.step_cost import StepCost
 from sim.tables import hardware_of
 from sim.ticks import DecodeLaw, to_seconds, to_ticks
 from sim.trainer import SimTrainer
@@ -213,10 +213,18 @@ class _World:
             return None
         return lambda n: self.cost.contended_decode_law(device, n)  # type: ignore[return-value]
 
-    def _contended_train_ticks(self, device: Device) -> Callable[[int], int] | None:
+    def _contended_train_ticks(self, device: Device) -> Callable[[int, int], int] | None:
         if self.cost.contended_train_s(device, 1) is None:
             return None
-        return lambda tokens: to_ticks(self.cost.contended_train_s(device, tokens) or 0.0)
+        calls = self._micro_batches(device)
+        return lambda samples, tokens: to_ticks(
+            self.cost.contended_train_s(device, tokens, calls(samples)) or 0.0
+        )
+
+    def _micro_batches(self, device: Device) -> Callable[[int], int]:
+        """A job's micro-batches on the busiest of ``device``'s (busy) GPUs."""
+        per_gpu = self.spec.algorithm.micro_batch_per_gpu
+        return lambda samples: micro_batches_per_gpu(device.num_gpus, samples, per_gpu)
 
     def _trainer_busy(self, busy: bool) -> None:
         for inst in self.instances.values():
@@ -232,30 +240,22 @@ class _World:
     def _make_trainer(self) -> SimTrainer:
         t = self.cluster.trainer
         device, busy = Device(t.hardware, t.num_gpus), self._train_device()
+        step, calls = StepCost.of(self.spec, self.cost), self._micro_batches(busy)
         return SimTrainer(
             self.env,
-            train_ticks=lambda tokens: to_ticks(self.cost.train_s(busy, tokens)),
+            train_ticks=lambda samples, tokens: to_ticks(
+                self.cost.train_s(busy, tokens, calls(samples))
+            ),
             contended_train_ticks=self._contended_train_ticks(busy),
             generation_busy=lambda: any(i.engine.num_running for i in self.instances.values()),
-            optimizer_ticks=to_ticks(self.cost.optimizer_s(device)),
-            grad_sync_ticks=self._grad_sync_ticks(device),
+            optimizer_ticks=to_ticks(step.optimizer_s(device)),
+            grad_sync_ticks=lambda samples, tokens: to_ticks(
+                step.grad_sync_s(device, samples, tokens)
+            ),  # every trainer GPU, behind one GPU's backward of the mean micro-batch
             on_step_done=self._step_done,
             on_span=self.spans.append,
             on_busy=self._trainer_busy,
         )
-
-    def _grad_sync_ticks(self, device: Device) -> Callable[[int, int], int]:
-        """A step's exposed gradient all-reduce over ``device`` (every trainer GPU), behind
-        one GPU's backward of the step's mean micro-batch (``sim.trainer``)."""
-        hw = hardware_of(self.spec).get(device.hardware)
-        fabric = None if hw is None else Fabric.of(hw, self.spec.cluster.network.intra_dc_gbps)
-        per_gpu = self.spec.algorithm.micro_batch_per_gpu
-
-        def ticks(num_samples: int, num_tokens: int) -> int:
-            tokens = num_tokens * min(per_gpu, num_samples) / max(1, num_samples)
-            return to_ticks(self.cost.grad_sync_s(device, tokens, fabric))
-
-        return ticks
 
     def _executor_inputs(self) -> ExecutorInputs:
         """What only the simulator knows, for the builder."""

@@ -20,6 +20,11 @@ model's ``grad_sync_s``) opens the optimizer job, reported per step as ``grad_sy
 (``SimTrainer.grad_sync_s``). The last micro-batch is taken as the step's mean one:
 ``micro_batch_per_gpu`` samples of the step's mean tokens per sample.
 
+A job of ``n`` samples runs ``ceil(ceil(n / micro_batch_per_gpu) / busy GPUs)``
+micro-batches on the busiest GPU (:func:`policies.data_parallel.micro_batches_per_gpu`),
+which the cost model is told: a calibrated model pays its profiled per-call fixed cost once
+per micro-batch (the roofline model, linear in tokens, does not use it).
+
 Known biases: work is balanced by tokens over the busy GPUs, so a stream mode's last,
 smaller micro-batch of a step is priced as if it kept them all busy.
 """
@@ -53,12 +58,12 @@ class SimTrainer:
     def __init__(
         self,
         env: simpy.Environment,
-        train_ticks: Callable[[int], int],
+        train_ticks: Callable[[int, int], int],  # (a job's samples, its tokens) -> ticks
         optimizer_ticks: int,
         on_step_done: Callable[[StepStats], None],
         on_span: Callable[[Span], None],
         on_busy: Callable[[bool], None] | None = None,
-        contended_train_ticks: Callable[[int], int] | None = None,
+        contended_train_ticks: Callable[[int, int], int] | None = None,
         generation_busy: Callable[[], bool] = lambda: False,
         grad_sync_ticks: Callable[[int, int], int] = lambda num_samples, num_tokens: 0,
     ) -> None:
@@ -130,7 +135,7 @@ class SimTrainer:
         ticks = self._train_ticks
         if self._contended_train_ticks is not None and self._generation_busy():
             ticks = self._contended_train_ticks
-        yield self.env.timeout(ticks(tokens))
+        yield self.env.timeout(ticks(len(job.completions), tokens))
         progress.busy_ticks += self.env.now - start
         progress.num_samples += len(job.completions)
         progress.num_tokens += tokens

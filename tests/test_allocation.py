@@ -29,7 +29,7 @@ class UnitCost:
     def prefill_s(self, device: Device, num_tokens: int) -> float:
         return 0.0
 
-    def train_s(self, device: Device, num_tokens: int) -> float:
+    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
         return num_tokens / device.num_gpus
 
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
@@ -136,6 +136,56 @@ def test_training_s_stops_falling_past_one_gpu_per_micro_batch():
     assert [m.training_s("H800", g) for g in (16, 64, 128)] == pytest.approx([40.0, 10.0, 10.0])
     m4 = StageModel(UnitCost(), 64, 0.0, [10] * 100, micro_batch_per_gpu=4)
     assert [m4.training_s("H800", g) for g in (8, 16, 64)] == pytest.approx([80.0, 40.0, 40.0])
+
+
+class _GrowingStepCost:
+    """An optimizer step that costs 5 s per trainer GPU (as an all-reduce over more GPUs)."""
+
+    def step_s(self, device: Device, num_samples: int, num_tokens: float) -> float:
+        return 5.0 * device.num_gpus
+
+
+def test_balanced_splits_by_the_step_the_trainer_pays_not_its_passes_alone():
+    # 16 GPUs, training 640 / t + 5 t s: g=2 → max(40, 45.7 + 70); g=4 → max(20, 53.3 + 60);
+    # g=5 → max(16.25, 58.2 + 55 = 113.2); g=6 → max(13.75, 64 + 50); without the step the
+    # split was 2/14 (test_balanced_single_datacenter_minimises_the_slower_stage)
+    m = StageModel(UnitCost(), 64, 0.0, [10] * 100, step_cost=_GrowingStepCost())
+    assert m.training_s("H800", 11) == pytest.approx(640 / 11 + 55)
+    assert m.forward_backward_s("H800", 11) == pytest.approx(640 / 11)
+    out = BalancedAllocation().allocate(_cluster(8, 8), m)
+    assert (out.generation[0].num_gpus, out.trainer.num_gpus) == (5, 11)
+
+
+@pytest.mark.parametrize("trainer_gpus", [2, 16])
+def test_stage_model_trains_a_batch_in_the_time_the_simulated_trainer_takes(trainer_gpus):
+    """The stage model Alg. 1 splits with, given one simulated step's batch, prices its
+    training as the simulated trainer paid it: forward and backward on the busy GPUs, the
+    exposed gradient all-reduce over every trainer GPU (NVLink at 2, the NIC at 16) and the
+    optimizer step (before, it left out the last two)."""
+    from sim.costs import build_cost_model
+    from sim.step_cost import StepCost
+
+    spec = small_spec(
+        run__iterations=1,
+        pipeline__mode="disagg-sync",
+        cluster__trainer__num_gpus=trainer_gpus,
+        algorithm__batch_size=32,
+        algorithm__group_size=2,
+    )
+    result = Simulation(spec).run()
+    samples = [r for r in result.samples if r.train_step == 0]
+    cost = build_cost_model(spec)
+    stages = StageModel(
+        cost,
+        batch_size=len(samples),
+        prompt_tokens=sum(r.prompt_tokens for r in samples) / len(samples),
+        output_tokens=[r.output_tokens for r in samples],
+        micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
+        step_cost=StepCost.of(spec, cost),
+    )
+    (step,) = result.steps
+    assert step["grad_sync_s"] > 0 and step["optimizer_s"] > 0
+    assert stages.training_s("H800", trainer_gpus) == pytest.approx(step["busy_s"], rel=1e-9)
 
 
 def test_balanced_gives_the_trainer_no_gpu_a_tiny_batch_cannot_use():

@@ -15,7 +15,7 @@ from policies.records import Span, SpanKind
 from policies.resources import TRAINER
 from sim.simulator import Simulation
 
-PARTITION = ("train_s", "optimizer_s", "checkpoint_s", "bookkeeping_s", "push_s", "switch_s", "wait_s")  # fmt: skip
+PARTITION = ("train_s", "optimizer_s", "grad_sync_s", "checkpoint_s", "bookkeeping_s", "push_s", "switch_s", "wait_s")  # fmt: skip
 
 intervals = st.lists(
     st.tuples(st.integers(0, 40), st.integers(0, 40)).map(lambda t: (float(min(t)), float(max(t)))),
@@ -83,3 +83,22 @@ def test_every_simulated_step_in_steps_json_has_its_breakdown(tmp_path):
         assert step["optimizer_s"] > 0  # the simulated optimizer step, on its own
         assert parts["optimizer_s"] == pytest.approx(step["optimizer_s"])
     assert "breakdown" not in result.steps[0]  # the run's own records stay as they were
+
+
+def test_a_simulated_steps_gradient_all_reduce_is_its_own_part_not_training():
+    """The exposed all-reduce opens the simulated optimizer job (sim.trainer): the
+    breakdown reports it as ``grad_sync_s``, and ``train_s`` is the forward and backward
+    alone (before, it held the all-reduce)."""
+    spec = small_spec(run__iterations=3)  # 2 H800 train: an all-reduce over NVLink
+    result = Simulation(spec).run()
+    spans = [s for s in result.spans if s.resource == TRAINER and s.kind == SpanKind.TRAIN]
+    for step, parts in zip(result.steps, step_breakdowns(result.spans, result.steps)):
+        assert step["grad_sync_s"] > 0
+        assert parts.grad_sync_s == pytest.approx(step["grad_sync_s"])
+        in_window = sum(
+            min(s.end_s, step["end_s"]) - max(s.start_s, step["end_s"] - parts.window_s)
+            for s in spans
+            if s.start_s < step["end_s"] and s.end_s > step["end_s"] - parts.window_s
+        )
+        trained = parts.train_s + parts.optimizer_s + parts.grad_sync_s
+        assert trained == pytest.approx(in_window)

@@ -15,6 +15,7 @@ from policies.protocols import Device
 from sim.calibrated import CalibratedCostModel
 from sim.cluster import check_sim_run
 from sim.costs import build_cost_model
+from sim.simulator import Simulation
 
 # the profiled configuration: generation tp 1 on H800, a trainer of 2 H800
 SETUP = {
@@ -40,6 +41,37 @@ def _spec(cm: Path, **overrides: object):
 
 
 # -- H1: what a calibrated model scales and refuses -----------------------------------------
+
+
+def test_a_calibrated_job_pays_the_profiled_fixed_cost_once_per_micro_batch(tmp_path):
+    """The profile timed one forward and one backward call per micro-batch, so a job of
+    four micro-batches a GPU pays four calls' fixed terms (before: one per job)."""
+    cost = CalibratedCostModel.load(_cost_model(tmp_path) / "cost_model.json")
+    forward = lambda t: 0.01 + 5e-5 * t  # noqa: E731 - helpers.TINY_OPERATORS
+    backward = lambda t: 0.01 + 8e-5 * t  # noqa: E731
+    four = cost.train_s(Device("H800", 2), 1000, 4)
+    assert four == pytest.approx(4 * (forward(250) + backward(250)))
+    assert cost.train_s(Device("H800", 2), 1000) == pytest.approx(forward(1000) + backward(1000))
+    # a tokens^2 term is in one call's tokens, not the job's
+    quadratic = CalibratedCostModel.load(
+        write_cost_model(tmp_path / "q", forward=(["tokens^2"], [1e-6]), backward=(["1"], [0.0]))
+        / "cost_model.json"
+    )
+    assert quadratic.train_s(Device("cpu", 1), 1000, 4) == pytest.approx(4 * 1e-6 * 250**2)
+
+
+def test_a_simulated_step_of_one_job_pays_a_fixed_cost_per_micro_batch(tmp_path):
+    """disagg-sync trains a step as one job: 8 samples on the profiled 2 GPUs, 2 samples a
+    GPU per micro-batch, so two calls a GPU: 2 × (0.01 + 0.01) s fixed (before: one call's)
+    and the step's tokens as profiled. (A stream mode's jobs are one micro-batch a GPU.)"""
+    spec = _spec(
+        _cost_model(tmp_path), pipeline__mode="disagg-sync", algorithm__micro_batch_per_gpu=2
+    )
+    result = Simulation(spec).run()
+    for step in result.steps:
+        training_s = step["busy_s"] - step["optimizer_s"] - step["grad_sync_s"]
+        per_token_s = (5e-5 + 8e-5) * step["num_tokens"]
+        assert training_s == pytest.approx(2 * (0.01 + 0.01) + per_token_s, rel=1e-9)
 
 
 def test_training_scales_from_the_profiled_trainer_gpus_by_data_parallelism(tmp_path):

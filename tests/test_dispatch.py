@@ -32,7 +32,7 @@ class BatchCost:
     def prefill_s(self, device: Device, num_tokens: int) -> float:
         return 0.0
 
-    def train_s(self, device: Device, num_tokens: int) -> float:
+    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
         return 0.0
 
     def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:

@@ -4,7 +4,8 @@
   Generation keeps every instance full (H sequences, refilled as they finish) until the
   last H·I samples, which drain: that part sums per-step decode costs as the batch
   shrinks (:meth:`policies.allocation.StageModel.generation_s`). Training prices the
-  batch's tokens plus G optimizer steps.
+  batch's tokens plus G optimizer steps, each with its exposed gradient all-reduce
+  (``sim.step_cost``, as the simulated trainer pays them).
 * PipelineRL: ``r = min(r_gen, r_train)`` with ``r_gen = U(H)·I`` for I generation GPUs at
   H concurrent sequences each and ``r_train = (N − I)/τ`` (τ: GPU-seconds to train one
   sample). ``U(H) = H / (PTL(H) · L̄)``: every running slot finishes a sample every L̄
@@ -35,6 +36,7 @@ class AnalyticPoint:
 def analytic(spec: RunSpec, num_opt_steps: int) -> AnalyticPoint:
     """The model for ``spec``'s cluster; conventional takes ``num_opt_steps`` (G) per round."""
     from sim.costs import build_cost_model
+    from sim.step_cost import StepCost
     from sim.workload import Workload
 
     cost = build_cost_model(spec)
@@ -55,12 +57,16 @@ def analytic(spec: RunSpec, num_opt_steps: int) -> AnalyticPoint:
     drain = StageModel(cost, min(batch, slots), prompt, list(lengths.astype(int)))
     full_s = max(0, batch - slots) / r_gen  # instances full until the last H·I samples
     stages = StageModel(cost, batch, prompt, list(lengths.astype(int)))
-    optimizer_s = cost.optimizer_s(Device(trainer.hardware, trainer.num_gpus))
+    per_step = StepCost.of(spec, cost).step_s(
+        Device(trainer.hardware, trainer.num_gpus),
+        spec.algorithm.batch_size,
+        stages.batch_tokens / num_opt_steps,
+    )  # each of the G steps: exposed gradient all-reduce and optimizer, as the sim's trainer
     t_round = (
         full_s
         + drain.generation_s(pool)
-        + stages.training_s(trainer.hardware, trainer.num_gpus)
-        + num_opt_steps * optimizer_s
+        + stages.forward_backward_s(trainer.hardware, trainer.num_gpus)
+        + num_opt_steps * per_step
     )
     lag = math.ceil(
         h * pool.num_instances * spec.workload.max_output_tokens

@@ -238,8 +238,10 @@ def _allocation_note(ratio: pd.Series) -> str:
     if worst < 0.995:
         note += (
             f" Where the stages are close it can lose: {model} at {length} tokens runs "
-            f"{worst:.2f}× the even split: its stage model is an estimate (decode at the "
-            "mean context, training FLOPs alone: no optimizer step, no gradient all-reduce)."
+            f"{worst:.2f}× the even split: its stage model is an estimate (generation of "
+            "the batch split evenly over the instances, decode at the mean context, no "
+            "dispatch skew), and where it puts the two stages within a few percent the "
+            "simulated run can rank the splits the other way."
         )
     return note
 
