@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -56,6 +57,15 @@ class AdviseOptions:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
 
 
+class Unpriced(StrEnum):
+    """Why one end of a change has no figure."""
+
+    NOT_RUNNABLE = "not runnable that way"  # e.g. a split not whole instances at that tp
+    NO_BUDGET = "not measured: the budget ran out"
+    FAILED = "its run failed"
+    NO_VALUE = "its run has no value for the objective"
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
     """One dimension the advice changes, priced by full runs from both ends."""
@@ -65,6 +75,8 @@ class Change:
     after: str
     alone: float | None  # the input spec with only this change
     reverted: float | None  # the advice with only this change undone
+    alone_why: Unpriced | None = None  # why ``alone`` is None
+    reverted_why: Unpriced | None = None  # why ``reverted`` is None
 
 
 @dataclass(slots=True)
@@ -280,31 +292,51 @@ def _attribute(
     walls = [e.wall_s for e in known.values()]
     expected_s = sum(walls) / len(walls) if walls else 0.0
     missing = [c for c in wanted.values() if c not in known]
-    new = _run_missing(space, pool, missing, deadline, expected_s)
+    runs = _run_missing(space, pool, missing, deadline, expected_s)
+    new = [e for e in runs if e.ok]
     evaluations.extend(new)
     known.update({e.candidate: e for e in new})
-    values = {
-        k: (known[c].value(objective, full) if c in known else None) for k, c in wanted.items()
-    }
+    failed = {e.candidate for e in runs if not e.ok}
+    priced = {k: _price(space, c, known, failed, objective) for k, c in wanted.items()}
     return [
         Change(d, dimension_value(space.input, d, space), dimension_value(best, d, space),
-               values[(d, "alone")], values[(d, "reverted")])
+               priced[(d, "alone")][0], priced[(d, "reverted")][0],
+               priced[(d, "alone")][1], priced[(d, "reverted")][1])
         for d in dims
     ]  # fmt: skip
+
+
+def _price(
+    space: Space,
+    c: Candidate,
+    known: dict[Candidate, Evaluation],
+    failed: set[Candidate],
+    objective: str,
+) -> tuple[float | None, Unpriced | None]:
+    """``c``'s full-run value, or None and why there is none."""
+    if c in known:
+        value = known[c].value(objective, space.base.run.iterations)
+        return (value, None) if value is not None else (None, Unpriced.NO_VALUE)
+    if not _runnable(space, c):
+        return None, Unpriced.NOT_RUNNABLE
+    return None, Unpriced.FAILED if c in failed else Unpriced.NO_BUDGET
+
+
+def _runnable(space: Space, c: Candidate) -> bool:
+    try:
+        candidate_spec(space.base, c)
+    except ValueError:  # e.g. a split that is not whole instances at the other tp
+        return False
+    return True
 
 
 def _run_missing(
     space: Space, pool: Evaluator, missing: list[Candidate], deadline: float, expected_s: float
 ) -> list[Evaluation]:
-    """Full runs of ``missing`` expected to end by ``deadline`` (others are left out)."""
+    """Full runs of ``missing`` expected to end by ``deadline`` (others are left out),
+    failed ones included."""
     full = space.base.run.iterations
-    runnable = []
-    for c in dict.fromkeys(missing):
-        try:
-            candidate_spec(space.base, c)
-        except ValueError:  # e.g. a split that is not whole instances at the other tp
-            continue
-        runnable.append(c)
+    runnable = [c for c in dict.fromkeys(missing) if _runnable(space, c)]
     now = time.monotonic()  # they queue: the k-th starts after k / workers runs
     fits = [
         c for k, c in enumerate(runnable) if now + (k // pool.workers + 1) * expected_s < deadline
@@ -316,6 +348,5 @@ def _run_missing(
             e = future.result(timeout=max(0.0, deadline + GRACE_S - time.monotonic()))
         except TimeoutError:
             continue
-        if e.ok:
-            out.append(e)
+        out.append(e)
     return out

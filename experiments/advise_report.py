@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.advise import Advice, Change
+from experiments.advise import Advice, Change, Unpriced
 from policies.results import COST_NORMALIZED_UNIT, write_atomic
 
 OBJECTIVE_COLUMN = {
@@ -180,6 +180,7 @@ def _headline(advice: Advice) -> list[str]:
         "",
         "`best.yaml` is the advice as a complete spec (`tandem run best.yaml`).",
     ]
+    out += _incomplete_note(advice)
     if advice.space.input_outside:
         out.append(
             "The input spec itself lies outside the constraints (staler than allowed), so it was run for comparison only."
@@ -187,12 +188,27 @@ def _headline(advice: Advice) -> list[str]:
     return out
 
 
+def _incomplete_note(advice: Advice) -> list[str]:
+    """A plain warning when the budget ran out before the runs that price the changes."""
+    whys = [w for c in advice.changes for w in (c.alone_why, c.reverted_why)]
+    unmeasured = whys.count(Unpriced.NO_BUDGET)
+    if not unmeasured:
+        return []
+    return [
+        "",
+        f"**The explanation of the advice is incomplete: the budget ({advice.budget_s:g} s) "
+        f"ran out before {unmeasured} of the {len(whys)} full runs that price its changes** "
+        '("What each change buys"). Rerun with a larger `--budget-s` (e.g. '
+        f"`--budget-s {4 * advice.budget_s:g}`) to see what each change buys.",
+    ]
+
+
 def _changes_table(advice: Advice) -> list[str]:
     if not advice.changes:
         return []
     head = [
         "Each change priced by full runs from both ends: applied alone to the input spec, "
-        "and undone alone on the advice (— : not runnable that way, or no budget left).",
+        "and undone alone on the advice (a cell without a figure says why).",
         "",
         "| dimension | input | advice | input + this change | advice − this change |",
         "|---|---|---|---:|---:|",
@@ -201,9 +217,15 @@ def _changes_table(advice: Advice) -> list[str]:
 
 
 def _change_row(c: Change, advice: Advice) -> str:
-    alone = f"{_fmt(c.alone)} ({_ratio(c.alone, advice.input_value)})"
-    reverted = f"{_fmt(c.reverted)} ({_ratio(c.reverted, advice.best_value)})"
+    alone = _priced_cell(c.alone, c.alone_why, advice.input_value)
+    reverted = _priced_cell(c.reverted, c.reverted_why, advice.best_value)
     return f"| {c.dimension} | {c.before} | {c.after} | {alone} | {reverted} |"
+
+
+def _priced_cell(value: float | None, why: Unpriced | None, ref: float | None) -> str:
+    if value is None:
+        return f"— ({(why or Unpriced.NO_VALUE).value})"
+    return f"{_fmt(value)} ({_ratio(value, ref)})"
 
 
 def _top_table(advice: Advice, runs: pd.DataFrame, n: int = 8) -> list[str]:

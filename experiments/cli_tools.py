@@ -22,7 +22,8 @@ from policies.spec import load_spec
 def cmd_spec(args: argparse.Namespace, console: Console, err_console: Console) -> int:
     if args.action == "show":
         spec = load_spec(config_path(args.spec), args.set)
-        console.print(spec.to_yaml(), end="", markup=False, highlight=False)
+        # soft_wrap: a long value stays on its line, so `spec show > my.yaml` is valid YAML
+        console.print(spec.to_yaml(), end="", markup=False, highlight=False, soft_wrap=True)
         return 0
     from experiments.spec_keys import spec_keys
 
@@ -33,6 +34,11 @@ def cmd_spec(args: argparse.Namespace, console: Console, err_console: Console) -
             for k in keys
         ]
         console.print_json(json.dumps(rows))
+        return 0
+    if not console.is_terminal:  # piped: one key a line, unwrapped, tab-separated (cut -f1)
+        for k in keys:  # written past rich, which would turn the tabs into spaces
+            cells = (k.key, k.type, json.dumps(k.default), k.description or "")
+            console.file.write("\t".join(cells) + "\n")
         return 0
     table = Table(title="spec keys (set any with --set KEY=VALUE)")
     for col in ("key", "type", "default", "description"):

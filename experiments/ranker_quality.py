@@ -77,5 +77,15 @@ def describe(quality: dict[str, Any]) -> str:
     )
 
 
+def brief(quality: dict[str, Any]) -> str:
+    """``describe`` in one short line, for ``tandem run``'s summary."""
+    if quality["ranker_num_iterations"] == 0:
+        return "ranker: nothing to measure (no iteration with two predicted samples)"
+    return (
+        f"ranker: Spearman {_fmt(quality['ranker_spearman'])}, recall of the longest 20 % "
+        f"{_fmt(quality['ranker_recall_20'])} (more in run.log)"
+    )
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"

@@ -1,5 +1,5 @@
-"""How ``tandem run``'s summary table writes a metric, and why a metric it shows as "—"
-has no value."""
+"""How ``tandem run``'s summary table writes a metric, why a metric it shows as "—"
+has no value, and how well the run's ranker ranked (where it had one)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from experiments.ranker_quality import brief as brief_ranker
 from policies.results import SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec
 
@@ -52,7 +53,8 @@ def cost_note(spec: RunSpec, metrics: dict[str, Any]) -> str | None:
 
 def print_summary(result: RunResult, out: Path, console: Console) -> None:
     """``tandem run``'s closing table of :data:`SUMMARY_METRICS`, with why a metric is
-    missing, the cost model that priced a simulated run, and where the results are."""
+    missing, the ranker's quality (a run whose length predictor is a ranker), the cost
+    model that priced a simulated run, and where the results are."""
     table = Table(title=f"{result.spec.run.name} · {result.spec.pipeline.mode}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -61,6 +63,8 @@ def print_summary(result: RunResult, out: Path, console: Console) -> None:
     console.print(table)
     if note := cost_note(result.spec, result.metrics):
         console.print(note)
+    if "ranker_num_iterations" in result.metrics:  # experiments.ranker_quality measured it
+        console.print(brief_ranker(result.metrics), markup=False)
     if "sim_wall_s" in result.metrics:
         from sim.costs import describe_cost_model
 

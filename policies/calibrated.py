@@ -90,6 +90,18 @@ def cost_model_path(path: str | Path, key: str) -> Path:
     return path
 
 
+def _read_json(path: Path, prefix: str) -> dict[str, Any]:
+    """The JSON object in ``path``; a ValueError starting with ``prefix`` (the spec key)
+    and naming the file if it holds none (an empty file read "Expecting value: line 1")."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{prefix}{path}: not a tandem cost model (not JSON: {err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{prefix}{path}: not a tandem cost model (not a JSON object)")
+    return data
+
+
 def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
@@ -130,7 +142,7 @@ class CalibratedCosts:
     def load(cls, path: Path, target: ProfileTarget | None = None) -> CalibratedCosts:
         """The cost model at ``path``; with a ``target``, refuse one profiled on another
         model, hardware, tensor-parallel size or trainer (``check_profile_source``)."""
-        data = json.loads(Path(path).read_text())
+        data = _read_json(Path(path), f"{target.key}: " if target is not None else "")
         if data.get("format") != COST_MODEL_FORMAT:
             raise ValueError(f"{path}: not a tandem cost model (format {data.get('format')!r})")
         missing = [op for op in OPERATORS if op not in data["operators"]]

@@ -348,9 +348,11 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Ru
             raise SpecError(f"spec file {path} cannot be read ({err})") from None
         except yaml.YAMLError as err:
             raise SpecError(f"{path}: not valid YAML ({err})") from None
-        if loaded is not None and not isinstance(loaded, dict):
+        if loaded is None:  # a user who names a file means it to say something
+            raise SpecError(f"{path}: empty spec file (no keys); write {{}} in it for all defaults")
+        if not isinstance(loaded, dict):
             raise SpecError(f"{path}: the top level must be a mapping of sections")
-        data = loaded or {}
+        data = loaded
     spec = spec_from_dict(data)
     return override_spec(spec, overrides) if overrides else spec
 

@@ -1,5 +1,6 @@
-"""Checks on token counts read from users' files (trace lengths), shared by the simulator's
-trace workload and the ranker's traces: a length must be a whole number of tokens >= 1.
+"""Reading users' length tables (traces) and checking their token counts, shared by the
+simulator's trace workload and the ranker's traces: the file must hold a CSV or Parquet
+table, and a length must be a whole number of tokens >= 1.
 
 Without the check an empty CSV cell became ``-9223372036854775808`` after ``int64`` (numpy
 only warns), and a zero, negative or fractional length passed as if it were one.
@@ -7,8 +8,24 @@ only warns), and a zero, negative or fractional length passed as if it were one.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+
+
+def read_length_table(path: Path, where: str) -> pd.DataFrame:
+    """The table in ``path`` (Parquet if it ends in ``.parquet``, else CSV); a ValueError
+    starting with ``where`` (the spec key and the file) if it holds no table: without it an
+    empty file read "No columns to parse from file", naming neither key nor file."""
+    kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+    try:
+        return pd.read_parquet(path) if kind == "Parquet" else pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{where}: empty file (no header row, no rows)") from None
+    except (ValueError, OSError) as err:  # pandas' ParserError, pyarrow's ArrowInvalid
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{where}: not a {kind} table ({reason})") from None
 
 
 def check_token_counts(frame: pd.DataFrame, column: str, where: str) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from policies.records import Request
-from policies.token_counts import check_token_counts
+from policies.token_counts import check_token_counts, read_length_table
 from ranker.features import REQUEST_COLUMNS
 
 TRACE_COLUMNS = [*REQUEST_COLUMNS, "output_tokens"]
@@ -51,7 +51,7 @@ def read_trace(path: Path) -> pd.DataFrame:
     """A trace from a samples file or a (prompt, output_tokens) table; see the module doc."""
     if not path.exists():
         raise ValueError(f"trace {path} does not exist")
-    raw = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    raw = read_length_table(path, f"trace {path}")
     if "output_tokens" not in raw.columns:
         raise ValueError(f"trace {path} lacks column output_tokens")
     if "prompt_id" not in raw.columns:

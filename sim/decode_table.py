@@ -31,7 +31,7 @@ def read_decode_table(path: Path, key: str = "sim.cost_model") -> pd.DataFrame:
     size, or a table with no rows."""
     try:
         frame = pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError) as err:
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as err:
         raise ValueError(f"{key}: {path}: not a CSV table ({str(err).strip()})") from None
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:

@@ -192,5 +192,11 @@ def load_efficiency(path: Path) -> dict[str, float]:
         raise ValueError(
             f"sim.cost_model: {path} does not exist (run tandem calibrate --from vidur)"
         )
-    data = json.loads(path.read_text())
-    return {k: float(data[k]) for k in ("gemm_compute", "gemm_memory", "gemm_overlap")}
+    try:
+        data = json.loads(path.read_text())
+        return {k: float(data[k]) for k in ("gemm_compute", "gemm_memory", "gemm_overlap")}
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise ValueError(
+            f"sim.cost_model: {path}: not GEMM efficiencies of tandem calibrate --from vidur "
+            f"({type(err).__name__}: {err})"
+        ) from None

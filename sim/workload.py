@@ -27,7 +27,7 @@ from scipy.special import ndtr
 from policies.records import Request
 from policies.rng import RngStreams
 from policies.spec import RunSpec
-from policies.token_counts import check_token_counts
+from policies.token_counts import check_token_counts, read_length_table
 from policies.workload_section import MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
 from sim.tables import data_path
 
@@ -183,7 +183,7 @@ def _load_trace(path: Path) -> tuple[list[list[int]], np.ndarray | None]:
     """Rows of (prompt_id, prompt_tokens, output_tokens) grouped by prompt, in id order."""
     if not path.exists():
         raise ValueError(f"workload.trace_path: {path} does not exist")
-    frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    frame = read_length_table(path, f"workload.trace_path: {path}")
     missing = {"prompt_id", "output_tokens"} - set(frame.columns)
     if missing:
         raise ValueError(

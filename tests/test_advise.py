@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pandas as pd
 import pytest
 import yaml
 
-from experiments.advise import AdviseOptions, advise, swap
+from experiments.advise import AdviseOptions, Unpriced, _attribute, advise, swap
 from experiments.advise_eval import PoolEvaluator, run_candidate
 from experiments.advise_plan import SpaceOptions
 from experiments.advise_report import pareto_front, write_advice
+from experiments.advise_space import candidate_spec
 from experiments.cli import main
 from policies.spec import load_spec
 from sim.simulator import Simulation
@@ -75,6 +77,49 @@ def test_written_files_and_best_yaml_runs_unchanged(advice, tmp_path):
     assert f"{advice.best_value:.4g}" in text and f"{advice.input_value:.4g}" in text
     for change in advice.changes:
         assert f"| {change.dimension} | {change.before} | {change.after} |" in text
+
+
+def test_changes_the_budget_left_unpriced_say_why_and_the_top_says_so(advice, tmp_path):
+    """Seen: with ``--budget-s 10`` every cell of "What each change buys" read ``— (—)``
+    under a legend of two reasons, and nothing said the explanation was incomplete."""
+    unpriced = [
+        replace(c, alone=None, reverted=None, alone_why=Unpriced.NO_BUDGET,
+                reverted_why=Unpriced.NOT_RUNNABLE)
+        for c in advice.changes
+    ]  # fmt: skip
+    text = (write_advice(replace(advice, changes=unpriced), tmp_path) / "advice.md").read_text()
+    top = text.split("## What each change buys")[0]
+    n = len(unpriced)
+    assert f"the budget (120 s) ran out before {n} of the {2 * n} full runs" in top
+    assert "`--budget-s 480`" in top
+    for c in unpriced:
+        cells = "— (not measured: the budget ran out) | — (not runnable that way) |"
+        assert f"| {c.dimension} | {c.before} | {c.after} | {cells}" in text
+    assert (
+        "ran out before" not in (write_advice(advice, tmp_path / "full") / "advice.md").read_text()
+    )
+
+
+class _NoRuns:
+    workers = 1
+
+    def submit(self, c, iterations):  # noqa: ANN001, ANN201 - the Evaluator protocol
+        raise AssertionError("past the deadline nothing is run")
+
+
+def test_pricing_past_the_deadline_says_which_ends_were_not_measured(advice):
+    past = time.monotonic() - 1.0
+    changes = _attribute(advice.space, advice.best, [], _NoRuns(), advice.objective, past)
+    assert [c.dimension for c in changes] == [c.dimension for c in advice.changes]
+    for c in changes:
+        for end, source, target in (("alone", advice.space.input, advice.best),
+                                    ("reverted", advice.best, advice.space.input)):  # fmt: skip
+            try:
+                candidate_spec(advice.space.base, swap(source, target, c.dimension))
+                expected = Unpriced.NO_BUDGET
+            except ValueError:
+                expected = Unpriced.NOT_RUNNABLE
+            assert (getattr(c, end), getattr(c, f"{end}_why")) == (None, expected)
 
 
 def test_pareto_front_is_the_non_dominated_full_runs(advice, tmp_path):

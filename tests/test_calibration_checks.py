@@ -191,6 +191,22 @@ def test_a_bad_decode_table_is_refused_before_the_run(tmp_path, text, message):
         check_sim_run(small_spec(sim__cost_model=f"profiled:{table}"))
 
 
+def test_a_decode_table_that_is_not_text_is_named(tmp_path):
+    table = tmp_path / "ptl.csv"
+    table.write_bytes(b"\x00\x01batch_size\xff\xfe")
+    with pytest.raises(ValueError, match=rf"^sim\.cost_model: {table}: not a CSV table"):
+        check_sim_run(small_spec(sim__cost_model=f"profiled:{table}"))
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[1, 2]"])
+def test_a_cost_model_file_that_is_not_a_json_object_names_the_key(tmp_path, text):
+    cm = _cost_model(tmp_path)
+    (cm / "cost_model.json").write_text(text)
+    match = rf"^sim\.cost_model: {cm}/cost_model\.json: not a tandem cost model"
+    with pytest.raises(ValueError, match=match):
+        build_cost_model(_spec(cm))
+
+
 def test_a_bad_decode_table_leaves_no_run_directory(tmp_path, capsys):
     from experiments.cli import main
 

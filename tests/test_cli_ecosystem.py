@@ -104,6 +104,33 @@ def test_spec_keys_lists_every_key_with_a_description_and_its_default(capsys):
     assert "live.keep_checkpoints" in table and "per-step metrics logger" in table
 
 
+def _piped_console(monkeypatch) -> io.StringIO:
+    """The CLI's stdout as a pipe of 80 columns (not a terminal)."""
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, width=80))
+    return out
+
+
+def test_spec_keys_piped_is_one_unwrapped_key_a_line(monkeypatch):
+    """Seen: piped, the table wrapped key names mid-word at 80 columns
+    (``policies.allocati`` / ``on``), so grep could not find them."""
+    out = _piped_console(monkeypatch)
+    assert main(["spec", "keys"]) == 0
+    lines = out.getvalue().splitlines()
+    assert [line.split("\t")[0] for line in lines] == [k.key for k in spec_keys()]
+    tracking = next(line for line in lines if line.startswith("run.tracking\t"))
+    assert tracking.split("\t")[1:3] == ["one of: none, tensorboard, wandb, mlflow", '"none"']
+
+
+def test_spec_show_piped_keeps_a_long_value_on_its_line(monkeypatch, tmp_path):
+    """``spec show > my.yaml`` wrapped a long trace path onto a line of its own: not YAML."""
+    out = _piped_console(monkeypatch)
+    trace = tmp_path / ("t" * 100 + ".csv")
+    args = ["--set", "workload.kind=trace", "--set", f"workload.trace_path={trace}"]
+    assert main(["spec", "show", "streamrl-7b", *args]) == 0
+    assert yaml.safe_load(out.getvalue())["workload"]["trace_path"] == str(trace)
+
+
 def test_spec_keys_offers_only_the_inflight_choices_a_spec_accepts():
     """``barrier`` is the controllers' own (updates between batches): never listed."""
     from policies.spec import load_spec

@@ -75,3 +75,10 @@ def test_eval_of_one_prompt_says_it_is_too_few_to_hold_out(tmp_path, capsys):
     assert main(["ranker", "eval", str(model), str(trace)]) == 2
     said = " ".join(capsys.readouterr().out.split())
     assert "1 prompt id(s), too few to hold some out" in said and "empty trace" not in said
+
+
+def test_a_ranker_trace_that_holds_no_table_is_named(tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"^trace {path}: empty file"):
+        read_trace(path)

@@ -64,3 +64,34 @@ def test_a_run_on_priced_hardware_prints_no_cost_line(tmp_path, capsys):
     spec.write_text(SMALL_YAML)
     assert main(["run", str(spec), "--out", str(tmp_path / "run")]) == 0
     assert "cost_per_machine_rel_h20" not in capsys.readouterr().out
+
+
+def _summary_lines(metrics: dict, tmp_path, capsys) -> list[str]:
+    print_summary(RunResult(load_spec(None), metrics, [], []), tmp_path, cli.console)
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_ranked_runs_summary_says_how_well_the_ranker_ranked_in_one_line(tmp_path, capsys):
+    """Seen: ranker Spearman 0.290 and top-20 % recall 0.388 only in run.log and metrics.json."""
+    quality = {"ranker_spearman": 0.2904, "ranker_recall_20": 0.3877, "ranker_recall_10": 0.2,
+               "ranker_recall_5": 0.1, "ranker_predicted_share": 1.0, "ranker_num_iterations": 9}  # fmt: skip
+    lines = _summary_lines({"throughput_samples_per_s": 1.0, **quality}, tmp_path, capsys)
+    ranker = [line for line in lines if line.startswith("ranker:")]
+    assert ranker == ["ranker: Spearman 0.290, recall of the longest 20 % 0.388 (more in run.log)"]
+    unmeasured = {**quality, "ranker_num_iterations": 0}
+    assert any(
+        line.startswith("ranker: nothing to measure")
+        for line in _summary_lines(unmeasured, tmp_path, capsys)
+    )
+    assert not any("ranker" in line for line in _summary_lines({}, tmp_path, capsys))
+
+
+def test_a_ranked_run_prints_the_quality_its_metrics_json_holds(tmp_path, capsys):
+    import json
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SMALL_YAML)
+    given = ["--set", "policies.length_predictor=ranker", "--out", str(tmp_path / "run")]
+    assert main(["run", str(spec), *given]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert f"ranker: Spearman {metrics['ranker_spearman']:.3f}, " in capsys.readouterr().out

@@ -76,6 +76,17 @@ def test_missing_file_and_non_mapping_are_spec_errors(tmp_path):
         load_spec(broken)
 
 
+@pytest.mark.parametrize("text", ["", "# a spec to fill in\n\n"])
+def test_an_empty_spec_file_is_refused_naming_it(tmp_path, text):
+    """Seen: an empty spec file ran silently on all defaults as a run named ``run``."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    with pytest.raises(SpecError, match=rf"^{empty}: empty spec file"):
+        load_spec(empty)
+    (tmp_path / "braces.yaml").write_text("{}\n")  # says so: all defaults
+    assert load_spec(tmp_path / "braces.yaml").run.name == "run"
+
+
 # -- errors name the key -----------------------------------------------------------------
 
 

@@ -62,3 +62,19 @@ def test_an_empty_trace_is_named(tmp_path):
     path.write_text("prompt_id,output_tokens\n")
     with pytest.raises(ValueError, match="workload.trace_path: .*empty.csv has no rows"):
         _workload(path)
+
+
+@pytest.mark.parametrize(
+    "name, content, says",
+    [
+        ("empty.csv", b"", "empty file"),
+        ("binary.csv", b"\x00\x01prompt_id\xff\xfe", "not a CSV table"),
+        ("corrupt.parquet", b"not a parquet file at all", "not a Parquet table"),
+    ],
+)
+def test_a_trace_file_that_holds_no_table_names_the_key_and_the_file(tmp_path, name, content, says):
+    """Seen: an empty trace read "No columns to parse from file", naming neither."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"^workload\.trace_path: {path}: {says}"):
+        _workload(path)

@@ -93,3 +93,10 @@ def test_a_directory_without_profiles_is_an_error(tmp_path):
         load_vidur_gemms(tmp_path)
     with pytest.raises(ValueError, match="sim.cost_model: .* does not exist"):
         build_cost_model(small_spec(sim__cost_model=f"roofline:{tmp_path}"))
+
+
+@pytest.mark.parametrize("text", ["", "{}", "[1, 2]"])
+def test_an_efficiency_file_that_is_none_names_the_key_and_the_file(tmp_path, text):
+    (tmp_path / "efficiency.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"^sim\.cost_model: {tmp_path}/efficiency\.json: not"):
+        build_cost_model(small_spec(sim__cost_model=f"roofline:{tmp_path}"))
