@@ -33,6 +33,7 @@ from experiments.specs import config_path
 from experiments.stop_signal import SigtermUnwinds
 from experiments.summary_format import print_summary
 from experiments.sweep_cmd import add_sweep_parser
+from policies.given_split import replaced_split, split_keys_given
 from policies.inert_keys import log_inert_keys
 from policies.logs import run_log
 from policies.results import RunResult, write_atomic
@@ -117,7 +118,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     ):
         log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
         log_inert_keys([spec], live=args.live)  # in run.log too
-        if not args.live:  # the spec is on disk from the start, also if the run is stopped
+        if not args.live:  # balanced re-splits a simulated run's GPUs, never a live one's
+            for line in replaced_split([spec], split_keys_given(args.set)):
+                log.warning("%s", line)
+            # the spec is on disk from the start, also if the run is stopped
             if gone := RunResult.clear(out):  # an earlier run's: never beside this spec
                 log.warning("%s: the earlier run's %s replaced", out, ", ".join(gone))
             write_atomic(out / "spec.yaml", spec.to_yaml().encode())

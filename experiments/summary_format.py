@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.ranker_quality import brief as brief_ranker
-from policies.results import SUMMARY_METRICS, RunResult
+from policies.results import SPLIT_METRICS, SUMMARY_METRICS, RunResult
 from policies.spec import RunSpec
 
 MISSING = "—"
@@ -52,14 +52,17 @@ def cost_note(spec: RunSpec, metrics: dict[str, Any]) -> str | None:
 
 
 def print_summary(result: RunResult, out: Path, console: Console) -> None:
-    """``tandem run``'s closing table of :data:`SUMMARY_METRICS`, with why a metric is
-    missing, the ranker's quality (a run whose length predictor is a ranker), the cost
-    model that priced a simulated run, and where the results are."""
+    """``tandem run``'s closing table of :data:`SUMMARY_METRICS` (and, simulated, the split
+    that ran: :data:`SPLIT_METRICS`), with why a metric is missing, the ranker's quality (a
+    run whose length predictor is a ranker), the cost model that priced a simulated run, and
+    where the results are."""
     table = Table(title=f"{result.spec.run.name} · {result.spec.pipeline.mode}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in SUMMARY_METRICS:
         table.add_row(key, format_metric(result.metrics.get(key)))
+    for key in [m.name for m in SPLIT_METRICS if m.name in result.metrics]:  # simulated
+        table.add_row(key, format_metric(result.metrics[key]))
     console.print(table)
     if note := cost_note(result.spec, result.metrics):
         console.print(note)

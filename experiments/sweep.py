@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 from rich.progress import Progress
 
 from experiments.sweep_point import (
@@ -38,7 +39,7 @@ from experiments.sweep_point import (
 )
 from experiments.worker_pool import WorkerProcesses
 from policies.results import RunResult, write_atomic
-from policies.spec import RunSpec, SpecError, parse_override, read_yaml
+from policies.spec import RunSpec, SpecError, read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +55,57 @@ class SweepResult:
 
 @dataclass(frozen=True, slots=True)
 class GridAxis:
-    key: str
-    values: tuple[Any, ...]
+    """One axis of a grid: its keys (one, or several linked ones that vary together) and,
+    for each of its points, one value per key."""
+
+    keys: tuple[str, ...]
+    values: tuple[tuple[Any, ...], ...]
 
 
 def parse_grid(text: str) -> GridAxis:
-    """``key=v1,v2,...``: a spec key and its values, each read as YAML."""
-    path, _ = parse_override(text.split(",")[0])
-    key, raw = ".".join(path), text.split("=", 1)[1]
-    _check_key(key)
+    """``key=v1,v2,...``: a spec key and its values, each read as YAML. Linked keys,
+    ``k1,k2=a1:b1,a2:b2``, vary together (not as a product): each value is a tuple with
+    one value per key, joined by ``:`` (so a linked key's value cannot hold a ``:``)."""
+    if "=" not in text:
+        raise SpecError(f"grid {text!r} must look like key=v1,v2 (or k1,k2=a1:b1,a2:b2)")
+    head, raw = text.split("=", 1)
+    keys = tuple(_axis_key(part, text) for part in head.split(","))
+    name = ",".join(keys)
     if not raw.strip():
         raise SpecError(f"grid {text!r} has no values")
     if any(not v.strip() for v in raw.split(",")):
-        raise SpecError(f"grid {key}: an empty value in {raw!r} (two commas, or one at an end)")
-    return GridAxis(key, tuple(read_yaml(v) for v in raw.split(",")))
+        raise SpecError(f"grid {name}: an empty value in {raw!r} (two commas, or one at an end)")
+    if len(keys) == 1:
+        return GridAxis(keys, tuple((_value(v, name),) for v in raw.split(",")))
+    return GridAxis(keys, tuple(_linked(v, keys) for v in raw.split(",")))
+
+
+def _axis_key(part: str, text: str) -> str:
+    key = ".".join(p for p in part.strip().split(".") if p)
+    if not key:
+        raise SpecError(f"grid {text!r} has an empty key")
+    _check_key(key)
+    return key
+
+
+def _value(raw: str, name: str) -> Any:
+    try:
+        return read_yaml(raw)
+    except yaml.YAMLError as err:
+        raise SpecError(f"grid {name}: {raw!r} is not valid YAML ({err})") from None
+
+
+def _linked(raw: str, keys: tuple[str, ...]) -> tuple[Any, ...]:
+    """One point of linked ``keys``: ``a:b``, a value per key."""
+    name, parts = ",".join(keys), raw.split(":")
+    if len(parts) != len(keys):
+        raise SpecError(
+            f"grid {name}: {raw!r} has {len(parts)} value(s) for {len(keys)} linked keys "
+            f"(one per key, joined by ':', e.g. {':'.join(['V'] * len(keys))})"
+        )
+    if any(not p.strip() for p in parts):
+        raise SpecError(f"grid {name}: an empty value in {raw!r}")
+    return tuple(_value(p, name) for p in parts)
 
 
 def _check_key(key: str) -> None:
@@ -81,17 +119,22 @@ def _check_key(key: str) -> None:
 
 
 def grid_points(axes: list[GridAxis]) -> list[dict[str, Any]]:
-    """Every combination of ``axes``; a key given twice, or a value twice on one axis,
-    is a :class:`SpecError` (it would make points that are the same run)."""
-    keys = [a.key for a in axes]
+    """Every combination of ``axes`` (linked keys keep their values together); a key given
+    twice, or a value twice on one axis, is a :class:`SpecError` (it would make points
+    that are the same run)."""
+    keys = [k for a in axes for k in a.keys]
     if twice := sorted({k for k in keys if keys.count(k) > 1}):
-        raise SpecError(f"grid: {', '.join(twice)} given as more than one --grid axis")
+        raise SpecError(
+            f"grid: {', '.join(twice)} given as more than one --grid axis (or linked key)"
+        )
     for axis in axes:
-        seen = [json.dumps(v, sort_keys=True, default=str) for v in axis.values]
+        seen = [
+            ":".join(json.dumps(x, sort_keys=True, default=str) for x in v) for v in axis.values
+        ]
         if repeated := sorted({v for v in seen if seen.count(v) > 1}):
-            raise SpecError(f"grid {axis.key}: the value {repeated[0]} is given twice")
+            raise SpecError(f"grid {','.join(axis.keys)}: the value {repeated[0]} is given twice")
     return [
-        dict(zip([a.key for a in axes], combo))
+        dict(zip(keys, itertools.chain.from_iterable(combo)))
         for combo in itertools.product(*(a.values for a in axes))
     ]
 

@@ -36,7 +36,10 @@ def add_sweep_parser(
         action="append",
         required=True,
         metavar="KEY=V1,V2",
-        help="one axis of the grid: a spec key and its values (repeat for more axes)",
+        help="one axis of the grid: a spec key and its values (repeat for more axes, which "
+        "form every combination); linked keys vary together, a value per key joined by ':', "
+        "e.g. cluster.generation.0.num_gpus,cluster.trainer.num_gpus=8:24,16:16,24:8; "
+        "pipeline.max_lag=null,1,4 gives each mode that fixes its lag a point at its own",
     )
     sweep.add_argument(
         "--workers",
@@ -97,10 +100,10 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
 
     axes = [parse_grid(g) for g in args.grid]
     points = grid_points(axes)  # a repeated key or value is refused before --out is made
-    check_untracked(spec, [axis.key for axis in axes])
+    check_untracked(spec, [key for axis in axes for key in axis.keys])
     # so is an impossible point (unless left out), before any point runs
     with noted_warnings() as warned:  # said once here; the points' runs keep them quiet
-        left_out = check_point_specs(spec, points, args.skip_invalid)
+        left_out = check_point_specs(spec, points, args.skip_invalid, args.set)
     out = check_out_dir(args.out)
     result = run_sweep(
         spec, axes, out, args.workers, point_timeout_s=args.point_timeout,
@@ -108,7 +111,8 @@ def run_sweep_command(spec: RunSpec, args: argparse.Namespace, console: Console)
     )  # fmt: skip
     code, in_report = _exit_code(result.frame), False
     try:  # every point has run: a Ctrl-C from here on stops nothing but this report
-        _report(result, left_out, len(points), [a.key for a in axes], out, console)
+        # the plot: one key an axis (a linked key moves with its axis's first)
+        _report(result, left_out, len(points), [a.keys[0] for a in axes], out, console)
     except KeyboardInterrupt:
         in_report = True
     if result.stopped_after_last or in_report:

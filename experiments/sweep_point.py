@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ import yaml
 
 from experiments.runs import check_run, simulate
 from experiments.worker_pool import over_time
+from policies.given_split import replaced_split, split_keys_given
 from policies.inert_keys import log_inert_keys
 from policies.logs import held_warnings, run_log
 from policies.spec import RunSpec, SpecError, override_spec, read_yaml
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 Row = dict[str, Any]  # a point's values, its metrics or its error (the sweep's table row)
 WARNINGS = "warnings"  # a row's key for what its run warned of (the sweep logs, not keeps, it)
 OnRow = Callable[[int, Row], None]
+LAG_KEY = "pipeline.max_lag"  # null: the mode's own lag (a grid of modes × lags needs it)
 
 
 def point_overrides(point: dict[str, Any]) -> list[str]:
@@ -43,7 +45,10 @@ def point_spec(base: RunSpec, point: dict[str, Any]) -> RunSpec:
 
 
 def check_point_specs(
-    base: RunSpec, points: list[dict[str, Any]], skip_invalid: bool = False
+    base: RunSpec,
+    points: list[dict[str, Any]],
+    skip_invalid: bool = False,
+    overrides: Sequence[str] = (),
 ) -> dict[int, str]:
     """Build every point's spec and check it as ``tandem run`` does before simulating
     (:func:`experiments.runs.check_run`: the simulator's checks and the ranker file of
@@ -53,7 +58,9 @@ def check_point_specs(
     index, with what is wrong (a grid of ``pipeline.mode`` × ``pipeline.max_lag`` holds
     combinations no mode takes); only a grid of nothing but those is an error. What the
     points would warn about (keys that do nothing, a trainer whose optimizer must be
-    offloaded) is logged once for all the points that share it."""
+    offloaded) is logged once for all the points that share it, and so is a split that
+    ``balanced`` replaces, given by the grid or by ``overrides`` (the sweep's ``--set``:
+    :mod:`policies.given_split`)."""
     specs, warnings, invalid = [], [], {}
     ranker_files: set[str] = set()  # loaded and accepted once for all points
     for index, point in enumerate(points):
@@ -61,10 +68,11 @@ def check_point_specs(
             spec = point_spec(base, point)
             warnings += check_run(spec, ranker_files_passed=ranker_files)
         except (SpecError, ValueError) as err:
-            why = f"grid point {' '.join(point_overrides(point))}: {err}"
+            wrong = f"{err}{_lag_hint(point, err)}"
             if not skip_invalid:
+                why = f"grid point {' '.join(point_overrides(point))}: {wrong}"
                 raise SpecError(f"{why} (--skip-invalid leaves such points out)") from None
-            invalid[index] = str(err)
+            invalid[index] = wrong
             continue
         specs.append(spec)
     if invalid and not specs:
@@ -72,9 +80,18 @@ def check_point_specs(
             f"every point of the grid is invalid; the first: {next(iter(invalid.values()))}"
         )
     log_inert_keys(specs)
+    given = split_keys_given([*overrides, *(o for p in points for o in point_overrides(p))])
+    warnings += replaced_split(specs, given)
     for warning in dict.fromkeys(warnings):
         log.warning("%s", warning)
     return invalid
+
+
+def _lag_hint(point: dict[str, Any], err: Exception) -> str:
+    """For a grid's lag refused by a mode that fixes its own: how a grid gives it that."""
+    if LAG_KEY in point and str(err).startswith(f"{LAG_KEY}:"):
+        return f"; a grid's {LAG_KEY}=null point runs each mode at its own lag"
+    return ""
 
 
 def base_from_yaml(text: str) -> RunSpec:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.breakdown import with_breakdown
+from policies.cluster import ClusterSection
 from policies.intervals import Interval, complement, intersect_length, length, merged
 from policies.records import SampleRecord, Span, SpanKind
 from policies.resources import TRAINER
@@ -78,7 +79,13 @@ METRICS: tuple[Metric, ...] = (
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
 SUMMARY_METRICS = tuple(m.name for m in METRICS if m.in_summary)
-SIM_METRICS = ("sim_wall_s",)  # added by the simulator: wall-clock seconds it took
+# added by the simulator: the GPUs each stage ran on, as allocated (``balanced`` may
+# re-split the spec's counts; shown in the summary) and the wall-clock seconds it took
+SPLIT_METRICS: tuple[Metric, ...] = (
+    Metric("generation_gpus", "GPUs of the generation pools at the start (colocated: all)"),
+    Metric("trainer_gpus", "trainer GPUs (colocated: all, shared with generation)"),
+)
+SIM_METRICS = ("sim_wall_s", *(m.name for m in SPLIT_METRICS))
 LIVE_METRICS = (
     "live_wall_s", "mean_reward_first_fifth", "mean_reward_last_fifth", "num_servers_lost",
     "startup_s", "warm_up_s", "time_to_first_step_s",  # this part of the run (runtime.live_run)
@@ -155,6 +162,14 @@ def compute_metrics(
         "num_generation_instances": len(gen_resources),
     }
     return {name: values[name] for name in METRIC_NAMES}
+
+
+def split_metrics(cluster: ClusterSection) -> dict[str, int]:
+    """:data:`SPLIT_METRICS` of the cluster a run ran on (its allocated one)."""
+    return {
+        "generation_gpus": sum(p.num_gpus for p in cluster.generation),
+        "trainer_gpus": cluster.trainer.num_gpus,
+    }
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -13,6 +13,7 @@ from policies.cluster import ClusterSection, GenerationPool
 from policies.logs import held_warnings
 from policies.modes import ModeTraits
 from policies.protocols import Device
+from policies.results import split_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
 from sim.calibrated import CalibratedCostModel
@@ -74,7 +75,15 @@ def resolve_cluster(
         min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
         step_cost=StepCost.of(spec, cost),
     )
-    return allocation.allocate(cluster, model)
+    allocated = allocation.allocate(cluster, model)
+    given, ran = split_metrics(cluster), split_metrics(allocated)
+    if ran != given:  # in run.log: the split that runs is not the spec's
+        log.info(
+            "policies.allocation %s: generation %d GPUs, trainer %d (the spec gave %d, %d)",
+            spec.policies.allocation, ran["generation_gpus"], ran["trainer_gpus"],
+            given["generation_gpus"], given["trainer_gpus"],
+        )  # fmt: skip
+    return allocated
 
 
 def total_gpus(cluster: ClusterSection) -> int:

@@ -59,7 +59,7 @@ from policies.records import (
     StepStats,
 )
 from policies.resources import TRAINER
-from policies.results import RunResult, compute_metrics
+from policies.results import RunResult, compute_metrics, split_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.tracking import StepUpdate
@@ -358,6 +358,7 @@ class _World:
             self._cost_units(),
         )
         metrics["sim_wall_s"] = wall_s
+        metrics.update(split_metrics(self.cluster))  # the split that ran (balanced: its own)
         steps = [
             {
                 "step": s.step,
