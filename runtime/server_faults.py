@@ -10,7 +10,8 @@ requests go to the other servers with the same sample ids (a returned sample is 
 sent again, so none is trained twice). Its process group is killed, the event is logged
 and recorded (``faults.json``), and with ``live.restart_servers`` it is started again,
 joins the weight group at the next push and is back as ``InstanceAdded`` (answering no
-scale-out). With no server left the run stops with :class:`ServersLost`.
+scale-out). With no server left the run stops with :class:`ServersLost`. How a scale-out
+ends, exactly once, whatever becomes of its servers: :mod:`runtime.scale_outs`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from runtime.gen_client import ENGINE_DEAD, GenerationClient
 from runtime.jobs import Failed
 from runtime.procs import free_port
 from runtime.recorder import Fault, Recorder
+from runtime.scale_outs import ScaleOuts
 from runtime.supervisor import Servers
 from runtime.trainer_proc import PushResult, TrainerProcess
 
@@ -102,7 +104,7 @@ class ServerFaults:
         self._inflight: dict[int, dict[int, Request]] = {}  # instance -> sample id -> request
         self._views: dict[int, InstanceView] = {}  # instance -> its view when it was lost
         self._restarts: dict[int, int] = {}
-        self._adding: set[int] = set()  # added by a scale-out, healthy, not yet joined
+        self._scale_outs = ScaleOuts(self._scale_out_failed)  # which one a new server ends
 
     # -- bookkeeping, called by the actor ---------------------------------------------------
 
@@ -217,15 +219,13 @@ class ServerFaults:
         actor.update_idle()
         if self._may_restart(i):
             actor.spawn(self._restart(i))
-        elif i in self._adding:
-            self._adding.discard(i)
-            if not self._adding:  # the scale-out's every server lost before it joined
-                self._scale_out_failed(f"server {i} was lost before it joined ({description})")
+        else:  # a scale-out's server not yet joined is not added
+            self._scale_outs.lost(i, f"server {i} was lost before it joined ({description})")
         return commands
 
     def _may_restart(self, instance_id: int) -> bool:
         if self.servers is None or not self.servers.can_restart:
-            return False
+            return False  # (a scale-out's server not yet joined is then not added)
         self._restarts[instance_id] = self._restarts.get(instance_id, 0) + 1
         return self._restarts[instance_id] <= MAX_RESTARTS
 
@@ -242,6 +242,8 @@ class ServerFaults:
         except Exception as err:  # noqa: BLE001 - the run goes on without it
             detail = " ".join(str(err).split())[:500]
             actor.recorder.fault(Fault(actor.now(), instance_id, "restart-failed", detail))
+            why = f"server {instance_id} was lost before it joined and its restart failed"
+            self._scale_outs.lost(instance_id, f"{why} ({detail})")
             return
         old = actor.clients[instance_id]
         actor.clients[instance_id] = old.reconnected(slot.base_url)
@@ -331,21 +333,23 @@ class ServerFaults:
 
     async def scale_out(self, count: int) -> None:
         """Start ``count`` new servers; each joins the weight group at the next push and
-        takes work from then on, at that push's version (``InstanceAdded``). A scale-out
-        that adds none says why (``ScaleOutFailed``): the controller may scale again."""
+        takes work from then on, at that push's version (``InstanceAdded``). The server
+        settled last ends the scale-out (:mod:`runtime.scale_outs`), or says why it failed."""
         actor = self.actor
         if self.servers is None or not self.servers.can_add:
-            return self._scale_out_failed("the run attached to its servers (live.server_urls)")
-        failed: list[str] = []
+            why = "added no server: the run attached to its servers (live.server_urls)"
+            return self._scale_out_failed(why)
+        track = self._scale_outs.begin(count)
         for _ in range(count):
             i = max(self._state) + 1
             self._state[i] = State.STARTING
             try:
                 slot = await self.servers.add(i)
             except Exception as err:  # noqa: BLE001 - the run goes on without it
-                failed.append(detail := " ".join(str(err).split())[:500])
+                detail = " ".join(str(err).split())[:500]
                 actor.recorder.fault(Fault(actor.now(), i, "add-failed", detail))
                 self._state[i] = State.LOST
+                self._scale_outs.gave_up(track, f"server {i} did not start ({detail})")
                 continue
             template = next(iter(actor.controller.views.values()))
             self._views[i] = dataclasses.replace(template, instance_id=i)
@@ -353,13 +357,11 @@ class ServerFaults:
             detail = f"{self.servers.describe(i)} healthy; joins the weight group at the next push"
             actor.recorder.fault(Fault(actor.now(), i, "added", detail))
             self._state[i] = State.REJOINING
-            self._adding.add(i)
-        if len(failed) == count:
-            self._scale_out_failed(f"no server started ({failed[-1]})")
+            self._scale_outs.started(track, i)
 
     def _scale_out_failed(self, reason: str) -> None:
-        """No server of the scale-out will join: the controller must not wait (for ever)."""
-        log.warning("elastic scale-out added no server: %s", reason)
+        """A scale-out ended without its last server: the controller must not wait for it."""
+        log.warning("elastic scale-out %s", reason)
         self.actor.post(ScaleOutFailed(self.actor.now(), reason))
 
     def retire(self, instance_ids: tuple[int, ...]) -> None:
@@ -387,9 +389,6 @@ class ServerFaults:
         """Servers restarted or added serve the version just pushed (a restart: no scale-out)."""
         local = version - self.actor.config.step_offset
         joined = [i for i in self.members if self._state[i] == State.REJOINING]
-        added = self._adding.intersection(joined)
-        if added:
-            self._adding.clear()  # the controller hears of an addition: its scale-out is done
         for i in joined:
             self._state[i] = State.SERVING
             view = dataclasses.replace(
@@ -397,4 +396,4 @@ class ServerFaults:
             )
             now = self.actor.now()
             self.actor.recorder.fault(Fault(now, i, "rejoined", "serving again", version=version))
-            self.actor.post(InstanceAdded(now, view, from_scale_out=i in added))
+            self.actor.post(InstanceAdded(now, view, from_scale_out=self._scale_outs.joined(i)))

@@ -42,12 +42,14 @@ def scale_out(
     kv_capacity: Callable[[Any], int],
 ):  # noqa: ANN201 - SimPy process
     """Add ``count`` instances of ``pool`` after ``start_s``, each announced once ready and
-    holding ``latest_version()`` as of then (every later push reaches it)."""
+    holding ``latest_version()`` as of then (every later push reaches it); the last one's
+    ``InstanceAdded`` ends the scale-out (``from_scale_out``)."""
     yield world.env.timeout(to_ticks(start_s))
-    for _ in range(count):
+    for k in range(count):
         inst = add(pool, latest_version())
         view = instance_view(inst.engine.config.instance_id, pool, kv_capacity, inst.engine.version)
-        world.emit(InstanceAdded(to_seconds(world.env.now), view, from_scale_out=True))
+        last = k == count - 1
+        world.emit(InstanceAdded(to_seconds(world.env.now), view, from_scale_out=last))
 
 
 def retire(world: ScalingWorld, instance_ids: tuple[int, ...]) -> None:

@@ -13,6 +13,7 @@ import pytest
 import simpy
 from helpers import make_spec
 
+from policies.modes.events import InstanceAdded
 from policies.spec import RunSpec
 from sim import simulator
 from sim.run_loop import SimulationStalled, run_until_done
@@ -59,6 +60,22 @@ def test_instances_started_across_a_push_come_up_with_the_pushed_weights():
     last = [s for s in result.samples if s.iteration == 2]
     assert all(s.version_start == 2 for s in last)
     assert any(s.instance_id > 0 for s in last)  # an added instance took part of it
+
+
+def test_a_scale_out_of_two_instances_ends_once_with_the_last_one_added(monkeypatch):
+    """Each ``ScaleOut`` ends exactly once: of the two instances one adds at once, only the
+    last one's ``InstanceAdded`` says ``from_scale_out`` (before: both did)."""
+    added: list[tuple[int, bool]] = []
+    emit = simulator._World.emit
+
+    def emit_recorded(self, event):  # noqa: ANN001, ANN202 - the world's own method
+        if isinstance(event, InstanceAdded):
+            added.append((event.view.instance_id, event.from_scale_out))
+        emit(self, event)
+
+    monkeypatch.setattr(simulator._World, "emit", emit_recorded)
+    Simulation(_race(policies__elastic__gpus_per_step=2)).run()
+    assert added == [(1, False), (2, True)]
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@ controller, fakes (tests/server_fakes.py). A push that finds a server dead goes 
 without it; the trainer trains while the servers load and steps once they answered; a
 step ends when the actor finished it; elastic scale-out adds a server that serves
 current weights and retires it drained, one that adds no server lets the controller
-scale again, and a lost server restarted meanwhile is not taken for the scale-out's.
+scale again, a lost server restarted meanwhile is not taken for the scale-out's, and a
+scale-out of two servers ends once, at the one settled last.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import scripted_scaling
 from server_fakes import BATCH, FakeServers, FakeTrainer, FakeWorld, fake_actor, run_actor
 
+from policies.modes.events import InstanceAdded, ScaleOut, ScaleOutFailed
 from policies.records import StepStats
 from runtime.errors import ProcessDied
 from runtime.supervisor import ServerSlot
@@ -115,10 +117,11 @@ def test_a_steps_end_is_when_the_actor_finished_it_not_the_trainers_busy_sum():
 
 class FailingServers(FakeServers):
     """Servers whose every added one fails to start (``dies``: starts, then its process
-    exits before it joins the weight group), or none can be added (``attached``)."""
+    exits before it joins the weight group; ``restart-fails``: so, and then its restart
+    fails), or none can be added (``attached``)."""
 
     def __init__(self, world: FakeWorld, how: str) -> None:
-        super().__init__(world, restart=False)
+        super().__init__(world, restart=how == "restart-fails")
         self.how, self.attempts = how, 0
 
     @property
@@ -133,17 +136,22 @@ class FailingServers(FakeServers):
         self.world.dead.add(instance_id)
         return slot
 
+    async def restart(self, instance_id: int):
+        await asyncio.sleep(0.01)
+        raise ProcessDied(f"generation server {instance_id} exited during start-up again")
 
-@pytest.mark.parametrize("how", ["fails", "dies", "attached"])
+
+@pytest.mark.parametrize("how", ["fails", "dies", "restart-fails", "attached"])
 def test_a_scale_out_that_adds_no_server_lets_the_controller_scale_again(how, caplog):
     """Before: the controller waited for the first scale-out's server for the rest of the
-    run and never scaled again (one attempt in 4 steps, whatever the rule said)."""
+    run and never scaled again (one attempt in 4 steps, whatever the rule said); so still
+    where the server was lost before it joined and its restart failed."""
     actor, world, trainer, recorder = fake_actor(
         "disagg-sync", 2, break_after=None, restart=False, iterations=4,
         sets=[f"policies.allocation={scripted_scaling.register_always_add()}"],
     )  # fmt: skip
     servers = actor.faults.servers = FailingServers(world, how)
-    gone = {"fails": "add-failed", "dies": "lost", "attached": None}[how]
+    gone = {"fails": "add-failed", "dies": "lost", "restart-fails": "restart-failed"}.get(how)
 
     async def after_step(step: int) -> None:  # a scale-out in flight ends before the next
         while servers.attempts > sum(f.event == gone for f in recorder.faults):
@@ -156,8 +164,10 @@ def test_a_scale_out_that_adds_no_server_lets_the_controller_scale_again(how, ca
     said = [r.getMessage() for r in caplog.records if "added no server" in r.getMessage()]
     assert len(said) == 3  # asked again after steps 1 and 2, not only after step 0
     assert servers.attempts == (0 if how == "attached" else 3)
-    why = {"fails": "no server started (generation server 2 exited during start-up)",
+    why = {"fails": "server 2 did not start (generation server 2 exited during start-up)",
            "dies": "server 2 was lost before it joined (generation server 2 (pid 42) killed",
+           "restart-fails": "server 2 was lost before it joined and its restart failed "
+                            "(generation server 2 exited during start-up again)",
            "attached": "the run attached to its servers (live.server_urls)"}[how]  # fmt: skip
     assert said[0].startswith(f"elastic scale-out added no server: {why}")
     assert sorted(actor.controller.views) == [0, 1]
@@ -196,3 +206,87 @@ def test_a_restarted_server_is_not_taken_for_the_pending_scale_outs_server():
     assert events == [("lost", 1), ("restarted", 1), ("rejoined", 1)]
     assert servers.attempts == 1  # one scale-out, still waiting for its server
     assert sorted(actor.controller.views) == [0, 1]
+
+
+class SplitServers(FakeServers):
+    """Servers for scale-outs of two (2 and 3): ``dies`` of them starts, then its process
+    exits before it joins; the other becomes healthy only once ``after`` is in the faults
+    (server 3 waits for 2's); any later server never becomes healthy."""
+
+    def __init__(self, world: FakeWorld, recorder, dies: int, after: tuple[str, int]) -> None:
+        super().__init__(world, restart=False)
+        self.recorder, self.dies, self.after, self.attempts = recorder, dies, after, 0
+
+    async def add(self, instance_id: int) -> ServerSlot:
+        self.attempts += 1
+        if instance_id > 3:
+            await asyncio.Event().wait()
+        while instance_id == 3 and self.after not in faults_of(self.recorder):
+            await asyncio.sleep(0.01)
+        slot = await super().add(instance_id)
+        if instance_id == self.dies:
+            self.world.dead.add(instance_id)
+        return slot
+
+
+def faults_of(recorder) -> list[tuple[str, int]]:
+    return [(f.event, f.instance_id) for f in recorder.faults]
+
+
+def traced(controller) -> list[tuple]:
+    """The controller's scale-outs and how they end, in order, as it handles them."""
+    trace: list[tuple] = []
+    handle = controller.handle
+
+    def handle_traced(event):
+        commands = handle(event)
+        if isinstance(event, InstanceAdded):
+            trace.append(("added", event.view.instance_id, event.from_scale_out))
+        elif isinstance(event, ScaleOutFailed):
+            trace.append(("failed", event.reason))
+        trace.extend(("scale-out", c.num_instances) for c in commands if isinstance(c, ScaleOut))
+        return commands
+
+    controller.handle = handle_traced
+    return trace
+
+
+LOST_3 = "server 3 was lost before it joined (generation server 3 (pid 43) killed by SIGKILL)"
+SPLITS = {  # which server dies; what 3 waits for; steps held until; the trace; the faults
+    "first-dies": (2, ("lost", 2), {1: ("added", 3)},
+                   [("scale-out", 2), ("added", 3, True), ("scale-out", 2)],
+                   [("added", 2), ("lost", 2), ("added", 3), ("rejoined", 3)]),
+    "last-dies": (3, ("rejoined", 2), {1: ("added", 2), 2: ("lost", 3)},
+                  [("scale-out", 2), ("added", 2, False),
+                   ("failed", f"added 1 of 2 servers: {LOST_3}"), ("scale-out", 2)],
+                  [("added", 2), ("rejoined", 2), ("added", 3), ("lost", 3)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(SPLITS))
+def test_a_scale_out_of_two_servers_ends_once_when_its_last_server_is_settled(case, caplog):
+    """Before (first-dies): server 2's loss ended the scale-out (``ScaleOutFailed``) while
+    server 3 still started, the controller scaled out again, and 3's join then ended that
+    newer scale-out as well: a third scale-out for two. (last-dies): the scale-out ended
+    twice, at 2's join and at 3's loss."""
+    actor, world, trainer, recorder = fake_actor(
+        "disagg-sync", 2, break_after=None, restart=False, iterations=5,
+        sets=[f"policies.allocation={scripted_scaling.register_always_add(2)}"],
+    )  # fmt: skip
+    dies, after, held, trace_then, faults_then = SPLITS[case]
+    servers = actor.faults.servers = SplitServers(world, recorder, dies, after)
+    trace = traced(actor.controller)
+
+    async def after_step(step: int) -> None:  # each held until a server got so far
+        while step in held and held[step] not in faults_of(recorder):
+            await asyncio.sleep(0.01)
+
+    actor.after_step = after_step
+    caplog.set_level("WARNING", logger="runtime.server_faults")
+    asyncio.run(run_actor(actor))
+    assert sorted(trainer.trained) == list(range(5 * BATCH))  # each sample once
+    assert trace == trace_then
+    assert faults_of(recorder) == faults_then
+    assert servers.attempts == 3  # 2 and 3, then 4 of the next scale-out (never healthy)
+    said = [r.getMessage() for r in caplog.records if "elastic scale-out" in r.getMessage()]
+    assert said == [f"elastic scale-out {t[1]}" for t in trace if t[0] == "failed"]

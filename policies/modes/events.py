@@ -79,9 +79,11 @@ class InstanceAdded:
     The simulator loads the latest weights as the instance starts; the live runtime adds
     a server at the push that brought it into the weight group.
 
-    ``from_scale_out``: True for an instance a ``ScaleOut`` started (the controller's
-    scale-out is done); False for a lost instance that was restarted and serves again
-    (the live runtime's ``live.restart_servers``), which answers no scale-out."""
+    ``from_scale_out``: True for the instance whose arrival ends a ``ScaleOut`` (the
+    controller's scale-out is done): the last of its instances to arrive or be given up
+    on. False for the others, and for a lost instance that was restarted and serves again
+    (the live runtime's ``live.restart_servers``), which answers no scale-out. Every
+    ``ScaleOut`` ends exactly once: so, or with ``ScaleOutFailed``."""
 
     time_s: float
     view: InstanceView
@@ -90,9 +92,11 @@ class InstanceAdded:
 
 @dataclass(frozen=True, slots=True)
 class ScaleOutFailed:
-    """A ``ScaleOut`` added no instance (none could start, it was lost before it joined, or
-    the executor cannot add any: attached servers); ``reason`` says which. The controller
-    no longer waits for it and may scale out again at a later step."""
+    """A ``ScaleOut`` ended without its last instance: it could not start, it was lost
+    before it joined and did not start again, or the executor cannot add any (attached
+    servers); ``reason`` says which, and how many of its instances did arrive (earlier,
+    each with ``from_scale_out`` false). The controller no longer waits for it and may
+    scale out again at a later step."""
 
     time_s: float
     reason: str
