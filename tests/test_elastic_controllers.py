@@ -165,3 +165,30 @@ def test_a_retiring_instance_lost_ends_the_scale_in():
         s.finish(sid, 0, 6.0)
     assert s.step_done(1, 7.0) == [PushWeights(2, BARRIER)]  # the last one is never retired
     assert len(rule.calls) == 2  # asked again
+
+
+class RetireTwo(RetireOne):
+    def instances_to_retire(
+        self, gen_time_s: float, train_time_s: float, num_instances: int, *, time_s: float
+    ) -> int:
+        self.calls.append((gen_time_s, train_time_s, num_instances))
+        return 2
+
+
+def test_a_scale_in_of_two_instances_ends_when_the_last_one_retires():
+    """Before: the first ``InstanceRetired`` ended the scale-in, and the rule decided again
+    at the next step while the other instance was still draining."""
+    rule = RetireTwo()
+    s = Script("one-step-async", iterations=4, scaling=rule)
+    s.ctl.views[2] = view(2)
+    s.start()
+    for sid in range(4):
+        s.finish(sid, sid % 3, 1.0 + sid)  # wave 1 goes out: 6 to 0, 4 and 7 to 1, 5 to 2
+    assert s.step_done(0, 5.0) == [ScaleIn((1, 2)), PushWeights(1, BARRIER)]
+    for sid, instance in ((4, 1), (7, 1), (5, 2), (6, 0)):
+        s.finish(sid, instance, 6.0)
+    assert s.ctl.handle(InstanceRetired(6.5, 1)) == []  # instance 2 still drains
+    assert s.step_done(1, 7.0) == [PushWeights(2, BARRIER)]
+    assert len(rule.calls) == 1  # not asked again: the scale-in is still pending
+    assert s.ctl.handle(InstanceRetired(7.5, 2)) == []
+    assert list(s.ctl.views) == [0] and s.ctl.retiring == {}

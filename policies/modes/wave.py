@@ -151,17 +151,22 @@ class WaveController(Controller):
         return []
 
     def _on_retired(self, event: InstanceRetired) -> list[Command]:
+        """A scale-in is done when the last instance it retires has finished (one retiring
+        several ends once, not at its first)."""
         self._on_instance_retired(event)
-        self._scale_pending = False
+        if not self.retiring:
+            self._scale_pending = False
         return self._maybe_start_wave(event.time_s)
 
     def _on_lost(self, event: InstanceLost) -> list[Command]:
         """Its requests go to the others and still count for their wave; the next wave no
-        longer waits for the lost instance's weights. A retiring one lost ends its scale-in
-        (no ``InstanceRetired`` will come for it)."""
-        if event.instance_id in self.retiring:
+        longer waits for the lost instance's weights. A retiring one lost counts as retired
+        for its scale-in (no ``InstanceRetired`` will come for it)."""
+        was_retiring = event.instance_id in self.retiring
+        commands = self._on_instance_lost(event)
+        if was_retiring and not self.retiring:
             self._scale_pending = False
-        return self._on_instance_lost(event) + self._maybe_start_wave(event.time_s)
+        return commands + self._maybe_start_wave(event.time_s)
 
     # -- steps -------------------------------------------------------------------------
 
