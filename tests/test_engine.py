@@ -218,6 +218,18 @@ def test_admission_order_fcfs_and_lpt(lpt, expected):
     assert [c.sample_id for c in rig.done] == list(expected)
 
 
+def test_lpt_admits_an_older_batch_before_a_newer_batchs_longer_requests():
+    # one slot; 1 is the longest but of the next batch: the older batch goes first, longest
+    # first (2 then 0), as the trainer needs it
+    truth = {0: 2, 1: 5, 2: 3}
+    rig = make_rig(truth, max_num_seqs=1, scheduling=LptScheduling())
+    iteration = {0: 0, 1: 1, 2: 0}
+    rig.submit_at(0, [request(i, float(t), iteration=iteration[i]) for i, t in truth.items()])
+    rig.run()
+    assert rig.ticks() == {2: (0, 30), 0: (30, 50), 1: (50, 100)}
+    assert [c.sample_id for c in rig.done] == [2, 0, 1]
+
+
 def _preemption_rig(policy: str, lpt: bool):
     # 25 blocks, prompts of 10, prefill 1 tick per token: 0 and 1 run; 2 (13-token prompt)
     # arrives at 25; at 40 sample 1 preempts itself (3 tokens done); 0 ends at 60

@@ -147,3 +147,18 @@ def test_a_push_interval_of_at_most_the_lag_plus_one_runs(every, lag):
                       pipeline__push_every=every, run__iterations=6)  # fmt: skip
     result = Simulation(spec).run()
     assert max(r.version_trained - r.version_start for r in result.samples) <= lag
+
+
+def test_more_lag_does_not_delay_the_first_step_when_lpt_orders_overlapping_batches():
+    """streamrl-7b (LPT, trainer-bound): lag 4 starts five batches at once. Ordered by
+    predicted length alone, every batch's long requests went ahead of the short ones the
+    first step trains on, and it ended at 43.3 s against 30.1 s at lag 1; older batches
+    first, it ends no later than at lag 1."""
+    from sim.simulator import Simulation
+
+    def first_step_end_s(lag: int) -> float:
+        overrides = ["run.iterations=5", "pipeline.mode=pipeline", f"pipeline.max_lag={lag}"]
+        result = Simulation(load_spec(config_path("streamrl-7b"), overrides)).run()
+        return result.steps[0]["end_s"]
+
+    assert first_step_end_s(4) <= first_step_end_s(1)

@@ -44,6 +44,20 @@ def test_lpt_longest_predicted_first_unknown_last_in_order():
     assert _admission_order(LptScheduling(), reqs) == [2, 3, 0, 1, 4]
 
 
+def test_lpt_serves_an_older_batch_first_longest_first_within_it():
+    # batches overlap on an instance in ``pipeline`` mode: the next optimizer step needs
+    # the oldest; a prediction above max_tokens (noisy, ranker) jumps no batch
+    reqs = [
+        request(0, 900.0, iteration=2),
+        request(1, 5.0, iteration=1),
+        request(2, 10**9, iteration=2, max_tokens=1000),
+        request(3, 50.0, iteration=1),
+        request(4, None, iteration=1),
+        request(5, 20.0, iteration=1),
+    ]
+    assert _admission_order(LptScheduling(), reqs) == [3, 5, 1, 4, 2, 0]
+
+
 # -- predictors --------------------------------------------------------------------------------
 
 
