@@ -152,7 +152,9 @@ class PoliciesSection(_Section):
         "skewness-aware", description="which instance serves each sample"
     )
     dispatch_objective: Literal["sum", "max"] = Field(
-        "sum", description="skewness-aware: minimise the sum or the max of instance loads"
+        "sum",
+        description="skewness-aware: minimise the sum (as StreamRL prints Alg. 2) or the max "
+        "(the batch's generation time) of the two instance groups' latencies",
     )
     long_tail_fraction: float = Field(
         0.2, gt=0, lt=1, description="skewness-aware: share of samples treated as long-tail"
