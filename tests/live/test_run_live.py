@@ -322,10 +322,8 @@ def test_a_blown_up_gradient_stops_the_run_at_its_step_and_keeps_the_last_checkp
     """A learning rate of 1e4: step 0's update makes step 1's gradient NaN. Before, that step
     was applied, its push refused by the server as non-finite, and the run hung."""
     overrides = _overrides(server, token, "disagg-sync", 4) + ["algorithm.learning_rate=1e4"]
-    start = time.monotonic()
     with pytest.raises(LiveRunError, match=r"trainer step 1: the gradient norm is (nan|inf)"):
-        run_live(load_spec(CONFIG, overrides), tmp_path)
-    assert time.monotonic() - start < 120
+        run_live(load_spec(CONFIG, overrides), tmp_path)  # before: never returned
     assert kept_steps(tmp_path / "checkpoints") == [0]  # step 0's, whole
     assert (tmp_path / "checkpoints" / "last.pt").exists()
 
