@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from policies.modes import MODES
+from policies.results import split_metrics
 from policies.spec import RunSpec, parse_override
 
 SPLIT_KEY = re.compile(r"^cluster\.(generation\.\d+|trainer)\.num_gpus$")
@@ -58,7 +59,7 @@ def _one_place(spec: RunSpec) -> bool:
 
 
 def _total_gpus(spec: RunSpec) -> int:
-    return sum(p.num_gpus for p in spec.cluster.generation) + spec.cluster.trainer.num_gpus
+    return sum(split_metrics(spec.cluster).values())
 
 
 def replaced_split(specs: Sequence[RunSpec], keys: Sequence[str]) -> list[str]:
