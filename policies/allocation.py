@@ -3,11 +3,15 @@
 * ``fixed`` keeps the cluster as written.
 * ``balanced`` (StreamRL Alg. 1) enumerates (generation GPUs, training GPUs) splits of one
   datacenter's pool and keeps the one minimising ``max(T_gen, T_train)`` (ties: the smaller
-  ``T_gen + T_train``, then the fewer trainer GPUs). When generation and training sit in
-  different datacenters (or on different hardware) GPUs cannot move between the stages,
-  so the faster stage is shrunk until the two stage times match, and the trainer to the
-  GPUs one batch can keep busy. Neither leaves the trainer fewer GPUs than its memory
-  needs (``StageModel.min_trainer_gpus``).
+  ``T_gen + T_train``, then the fewer trainer GPUs). That is the iteration time where the
+  stages overlap (a streaming trainer, or a staleness bound above 0). Where they take
+  turns (``disagg-sync``: ``StageModel.stages_overlap`` False) an iteration takes
+  ``T_gen + T_train``, so that sum is minimised first. When generation and training sit
+  in different datacenters (or on different hardware) GPUs cannot move between the
+  stages, so the faster stage is shrunk until the two stage times match (only where the
+  stages overlap: in turns a smaller stage would lengthen the iteration), and the trainer
+  to the GPUs one batch can keep busy. Neither leaves the trainer fewer GPUs than its
+  memory needs (``StageModel.min_trainer_gpus``).
 * ``elastic`` starts as ``fixed`` and, after each iteration, adds generation instances
   when ``Δ = T_gen − T_train`` exceeds ``Δ′``, the time one more node of instances would save.
 
@@ -17,8 +21,22 @@ every slot is busy and a step decodes one token for each; the last requests admi
 drain as the batch shrinks (their lengths follow the workload's distribution, priced step
 by step with the cost model's decode time, so the longest sequence's tail counts).
 Generation time is thus continuous in the requests per instance, not a count of full
-waves. Known bias: outputs of one length finish together and so do run in waves, which the
-full phase prices as if they did not (up to one drain short). Training prices the batch's
+waves. The iteration waits for the instance that holds the batch's longest request, so
+the drain's lengths are quantiles spaced ``1 / slots`` apart from the batch's longest, at
+``(B − ½) / B`` of ``B`` requests (the plotting position the quantiles use): more
+instances do not shorten the longest request. Before decoding, the engine prefills the
+instance's prompts in steps of at most ``max_num_batched_tokens``; the drain prices every
+output token as a decode step, so the prefill adds its steps' prefill work
+(``StageModel.prefill``: the simulator's own mixed-step cost, ``sim.prefill_cost``).
+Known biases: outputs of one length finish together and so do run in waves, which the
+full phase prices as if they did not (up to one drain short); requests are split evenly
+by count, as ``round-robin`` dispatch does (``skewness-aware`` gathers the long tail on
+fewer instances: their heavier tail batches the drain does not see, and their fewer
+prompts it prefills as a full share, which dominates where prefill is slow, as on H20);
+the other requests
+on the slowest instance sit at the distribution's quantiles, not at a random draw's
+(the slowest of several random shares is slower); each request prefills its own prompt
+(prefix caching of GRPO siblings would save some). Training prices the batch's
 tokens with the cost model on the GPUs the batch keeps busy
 (:func:`policies.data_parallel.busy_trainer_gpus`: at most one per micro-batch of
 ``micro_batch_per_gpu`` samples), as the simulator's trainer does, and adds what the
@@ -55,6 +73,17 @@ class OptimizerStepCost(Protocol):
         ...
 
 
+class PrefillCost(Protocol):
+    """What prefilling an instance's prompts adds to decoding its requests, in seconds."""
+
+    def prefill_s(
+        self, device: Device, num_prompts: int, prompt_tokens: float, max_batched_tokens: int
+    ) -> float:
+        """``num_prompts`` prompts of ``prompt_tokens`` each, at most ``max_batched_tokens``
+        prefill tokens an engine step."""
+        ...
+
+
 @dataclass(slots=True)
 class StageModel:
     """Per-iteration stage times of a batch, from a cost model and sampled lengths."""
@@ -66,16 +95,25 @@ class StageModel:
     micro_batch_per_gpu: int = 1  # samples per trainer GPU per micro-batch
     min_trainer_gpus: int = 1  # the fewest whose memory holds the training state
     step_cost: OptimizerStepCost | None = None  # None: forward and backward alone
+    prefill: PrefillCost | None = None  # None: decode alone
+    stages_overlap: bool = True  # False: an iteration takes T_gen + T_train in turn
 
     def generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
-        """Time for ``num_gpus`` of ``pool`` to generate one batch split evenly."""
+        """Time for ``num_gpus`` of ``pool`` to prefill and generate one batch split evenly."""
         instances = (num_gpus or pool.num_gpus) // pool.tp
         if instances <= 0:
             return math.inf
         per_instance = math.ceil(self.batch_size / instances)
         slots = min(per_instance, pool.max_num_seqs)
         device = Device(pool.hardware, pool.tp)
-        return self._full_s(device, per_instance - slots, slots) + self._drain_s(device, slots)
+        decode_s = self._full_s(device, per_instance - slots, slots) + self._drain_s(device, slots)
+        return self._prefill_s(device, pool, per_instance) + decode_s
+
+    def _prefill_s(self, device: Device, pool: GenerationPool, num_prompts: int) -> float:
+        if self.prefill is None:
+            return 0.0
+        budget = pool.max_num_batched_tokens
+        return self.prefill.prefill_s(device, num_prompts, self.prompt_tokens, budget)
 
     def _full_s(self, device: Device, num_queued: int, slots: int) -> float:
         """Decode the tokens of ``num_queued`` requests that wait for a slot (continuous
@@ -91,8 +129,10 @@ class StageModel:
         return steps * self.cost.decode_step_s(device, slots, int(slots * per_slot))
 
     def _drain_s(self, device: Device, batch: int) -> float:
-        """Generate ``batch`` sequences admitted together: the batch shrinks as they finish."""
-        qs = np.quantile(np.asarray(self.output_tokens, float), (np.arange(batch) + 0.5) / batch)
+        """Generate ``batch`` sequences admitted together: the batch shrinks as they finish.
+        Their lengths are those of the instance holding the batch's longest request."""
+        top = 1 - 0.5 / max(batch, self.batch_size)  # the longest of the whole batch
+        qs = np.quantile(np.asarray(self.output_tokens, float), top - np.arange(batch) / batch)
         lengths = np.sort(np.maximum(1, np.round(qs)).astype(int))
         total, done = 0.0, 0
         for j, length in enumerate(lengths):
@@ -175,9 +215,10 @@ class BalancedAllocation:
     def _best_split(
         pool: GenerationPool, cluster: ClusterSection, model: StageModel
     ) -> tuple[int, int]:
-        """The split minimising the slower stage; among equal ones, the smaller sum of the
-        stage times, then the fewer trainer GPUs (a batch that cannot keep more busy gives
-        the rest to generation rather than to an idle trainer)."""
+        """The split minimising the iteration: the slower stage, then the sum of the stage
+        times (the sum first where the stages take turns); among equal ones the fewer
+        trainer GPUs (a batch that cannot keep more busy gives the rest to generation
+        rather than to an idle trainer)."""
         total = pool.num_gpus + cluster.trainer.num_gpus
         best = (pool.num_gpus, cluster.trainer.num_gpus)
         best_key = (math.inf, math.inf, total)
@@ -186,7 +227,9 @@ class BalancedAllocation:
                 model.generation_s(pool, gen),
                 model.training_s(pool.hardware, total - gen),
             )
-            key = (max(t_gen, t_train), t_gen + t_train, total - gen)
+            slower, both = max(t_gen, t_train), t_gen + t_train
+            key = (slower, both) if model.stages_overlap else (both, slower)
+            key = (*key, total - gen)
             if key < best_key:
                 best, best_key = (gen, total - gen), key
         return best
@@ -196,6 +239,8 @@ class BalancedAllocation:
         pool: GenerationPool, cluster: ClusterSection, model: StageModel
     ) -> tuple[int, int]:
         gen, train = pool.num_gpus, cluster.trainer.num_gpus
+        if not model.stages_overlap:  # a smaller stage would only lengthen the iteration
+            return gen, max(model.min_trainer_gpus, model.busy_trainer_gpus(train))
         t_gen = model.generation_s(pool, gen)
         t_train = model.training_s(cluster.trainer.hardware, train)
         if t_gen < t_train:

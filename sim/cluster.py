@@ -20,6 +20,7 @@ from sim.calibrated import CalibratedCostModel
 from sim.comm import GPUS_PER_MACHINE
 from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
 from sim.kv_cache import blocks_for
+from sim.prefill_cost import ChunkedPrefill
 from sim.sequence import engine_limits
 from sim.step_cost import StepCost
 from sim.trained_model import TrainedModel
@@ -74,6 +75,10 @@ def resolve_cluster(
         micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
         min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
         step_cost=StepCost.of(spec, cost),
+        prefill=ChunkedPrefill(cost),
+        stages_overlap=mode.stages_overlap(
+            mode.staleness_bound(spec.pipeline.max_lag, spec.pipeline.steps_per_generation)
+        ),
     )
     allocated = allocation.allocate(cluster, model)
     given, ran = split_metrics(cluster), split_metrics(allocated)

@@ -192,6 +192,13 @@ class ModeTraits:
         """The bound this mode fixes; None when ``pipeline.max_lag`` sets it."""
         return steps_per_generation - 1 if self.conventional else self.max_lag
 
+    def stages_overlap(self, bound: int) -> bool:
+        """Whether generation and training run at once under staleness ``bound``: a
+        streaming trainer trains while its batch generates, a bound above 0 lets the next
+        batch generate while this one trains. Otherwise an iteration takes the two stage
+        times in turn."""
+        return not self.colocated and (self.streaming or bound > 0)
+
     def staleness_bound(self, max_lag: int | None, steps_per_generation: int) -> int:
         """The bound a run of this mode keeps, given ``pipeline.max_lag`` (None: unset);
         a lag this mode does not take is an error."""
