@@ -26,7 +26,7 @@ from experiments.guards import (
     fresh_dir,
     replaces_a_run,
 )
-from experiments.live_out import finished_live_run, live_steps_done, nothing_left_if_refused
+from experiments.live_out import finished_live_run, live_done_before, nothing_left_if_refused
 from experiments.peers_cmd import add_peers_options
 from experiments.progress import RunProgress, chain
 from experiments.specs import config_path
@@ -107,14 +107,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         (out / "run.log").unlink(missing_ok=True)
     tracker = tracker_for(spec, out)  # a missing tracking package stops the run here
     label = f"{spec.run.name} · {spec.pipeline.mode}"
-    done = live_steps_done(args, spec, out)  # a resumed run's bar counts the whole run
+    done = live_done_before(args, spec, out)  # a resumed run's bar counts the whole run
+    progress = RunProgress(
+        err_console, label, spec.run.iterations, transient=not args.live,
+        completed=done.num_steps, completed_samples=done.num_samples,
+    )  # fmt: skip
     with (
         nothing_left_if_refused(out, made_out=args.out is None),
         run_log(out),
         tracker,
-        RunProgress(
-            err_console, label, spec.run.iterations, transient=not args.live, completed=done
-        ) as bar,
+        progress as bar,
     ):
         log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
         log_inert_keys([spec], live=args.live)  # in run.log too

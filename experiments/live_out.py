@@ -4,7 +4,7 @@
   are shown as they are, none of them (plots included) written again
   (:func:`finished_live_run`).
 * A resumed run's progress bar counts the whole run, the steps before its checkpoint
-  already done (:func:`live_steps_done`).
+  and the samples they trained already done (:func:`live_done_before`).
 * A run refused before it started (``runtime.errors.StartRefused``: an attached server
   that would not serve it) leaves no ``run.log`` of its own (:func:`nothing_left_if_refused`),
   as a spec the CLI refuses leaves nothing: the same command later runs as into a fresh
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from policies.logs import RUN_LOG
@@ -37,14 +38,24 @@ def finished_live_run(args: argparse.Namespace, spec: RunSpec) -> RunResult | No
     return RunResult.load(run_dir.path) if run_dir.finished(spec) else None
 
 
-def live_steps_done(args: argparse.Namespace, spec: RunSpec, out: Path) -> int:
-    """The steps of ``spec`` done before this run starts: those a live run into ``out``
-    resumes after (0 for a fresh or a simulated run)."""
+@dataclass(frozen=True, slots=True)
+class DoneBefore:
+    """What a run finds done before it starts: a resumed live run's checkpointed part."""
+
+    num_steps: int = 0
+    num_samples: int = 0  # trained by those steps
+
+
+def live_done_before(args: argparse.Namespace, spec: RunSpec, out: Path) -> DoneBefore:
+    """The steps of ``spec`` done before this run starts, those a live run into ``out``
+    resumes after, and the samples they trained (none for a fresh or a simulated run)."""
     if not args.live:
-        return 0
+        return DoneBefore()
     from runtime.run_dir import RunDir
 
-    return min(RunDir(out, args.ray).checkpointed_steps(), spec.run.iterations)
+    run_dir = RunDir(out, args.ray)
+    num_steps = min(run_dir.checkpointed_steps(), spec.run.iterations)
+    return DoneBefore(num_steps, run_dir.checkpointed_samples() if num_steps else 0)
 
 
 @contextlib.contextmanager

@@ -65,9 +65,10 @@ def step_fields(samples: int, update: StepUpdate) -> str:
 
 class RunProgress:
     """A bar over ``total`` steps (None: unknown), ``completed`` of them done before it
-    starts (a resumed run's); a context manager. Without a terminal (CI, nohup) rich draws
-    no bar until the end, so a plain line with the same fields is printed instead, at most
-    every ``plain_every_s`` seconds of ``clock``."""
+    starts (a resumed run's), which trained ``completed_samples``; a context manager.
+    Without a terminal (CI, nohup) rich draws no bar until the end, so a plain line with
+    the same fields is printed instead, at most every ``plain_every_s`` seconds of
+    ``clock``."""
 
     def __init__(
         self,
@@ -76,6 +77,7 @@ class RunProgress:
         total: int | None = None,
         transient: bool = False,
         completed: int = 0,
+        completed_samples: int = 0,
         plain_every_s: float = PLAIN_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -83,7 +85,7 @@ class RunProgress:
         self.label = label
         self.total = total
         self.transient = transient  # the bar disappears when done
-        self.num_samples = 0
+        self.num_samples = completed_samples  # over the whole run, resumed or not
         self._bar: Progress | None = None
         self._task = None
         self._handler = StatusHandler(self.status)

@@ -125,9 +125,10 @@ class Actor:
     # -- the loop -------------------------------------------------------------------------
 
     def start_clock(self, time_offset_s: float = 0.0) -> None:
-        """Start the run's clock at ``time_offset_s`` (a resumed run goes on from its
-        checkpoint's time); before the initial weight load, so that load is on it too."""
+        """Start the run's clock and checkpoint interval at ``time_offset_s`` (a resumed run's:
+        its checkpoint's time), before the initial weight load so that it is on it too."""
         self._t0, self._time_offset_s = time.perf_counter(), time_offset_s
+        self.checkpoints.cadence.last_s = time_offset_s
 
     async def run(self) -> float:
         """Drive the controller to ``Finish``; returns the run's end time (seconds)."""
@@ -260,8 +261,7 @@ class Actor:
         self.recorder.completion(c)
         self._learn_length(c.request, c.output_tokens)
         self.groups.finished(c, out.prompt_ids)
-        # the controller counts versions from this run's start
-        offset = self.config.step_offset
+        offset = self.config.step_offset  # the controller counts versions from this run's start
         return dataclasses.replace(
             c, version_start=c.version_start - offset, version_end=c.version_end - offset,
             version_prompt=None if c.version_prompt is None else c.version_prompt - offset,

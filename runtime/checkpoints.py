@@ -182,7 +182,8 @@ class CheckpointCadence:
     every: int = 1
     min_interval_s: float = 0.0
     num_steps: int | None = None
-    last_s: float = 0.0  # when the last checkpoint was taken; at first, the clock's zero
+    last_s: float = 0.0  # when the last checkpoint was taken; at first, the run clock's
+    # start (a resumed run's: its checkpoint's time, runtime.actor.Actor.start_clock)
 
     def due(self, step: int, now_s: float) -> bool:
         """Whether global ``step`` checkpoints; if it does, its time is the last one's."""

@@ -45,6 +45,19 @@ def journal_steps(path: str | Path) -> int | None:
     return last
 
 
+def journal_samples(path: str | Path) -> int:
+    """The trained samples the journal's complete lines hold (0 without a journal); a
+    line past the last checkpoint counts, as in :func:`journal_steps`."""
+    if not Path(path).exists():
+        return 0
+    num_samples = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.endswith(b"\n") and _NEXT_STEP.match(raw) is not None:
+                num_samples += len(json.loads(raw).get("samples", []))
+    return num_samples
+
+
 class HistoryJournal:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -20,7 +20,7 @@ from policies.results import CPU_TIMELINE_FILE, write_atomic
 from policies.spec import RunSpec, SpecError, load_spec, spec_changes
 from runtime.checkpoints import CHECKPOINT_DIR, LAST, LAST_SHARDED, readable
 from runtime.cpu_rows_file import CpuRowsFile
-from runtime.history import journal_path, journal_steps
+from runtime.history import journal_path, journal_samples, journal_steps
 
 SPEC = "spec.yaml"  # the run's original spec, written when it starts and never again
 
@@ -139,6 +139,12 @@ class RunDir:
         if readable(self.checkpoint) is None:
             return 0
         return journal_steps(journal_path(self.checkpoint)) or 0
+
+    def checkpointed_samples(self) -> int:
+        """The trained samples of the steps :meth:`checkpointed_steps` counts."""
+        if readable(self.checkpoint) is None:
+            return 0
+        return journal_samples(journal_path(self.checkpoint))
 
     def finished(self, spec: RunSpec) -> bool:
         """The run trained ``spec``'s every step and saved its results (a resume would

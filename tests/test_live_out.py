@@ -22,12 +22,14 @@ from runtime.run_dir import RunDir
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
 
 
-def _checkpointed(out: Path, steps: int) -> None:
-    """``out`` as a live run of live-tiny leaves it, checkpointed after ``steps`` steps."""
+def _checkpointed(out: Path, steps: int, samples_per_step: int = 0) -> None:
+    """``out`` as a live run of live-tiny leaves it, checkpointed after ``steps`` steps
+    that trained ``samples_per_step`` each (one history line a step)."""
     RunDir(out).prepare(load_spec(CONFIG))
     (out / "checkpoints").mkdir()
     (out / "checkpoints" / "last.pt").write_bytes(b"a checkpoint")
-    lines = "".join(f'{{"next_step":{n},"samples":[]}}\n' for n in range(1, steps + 1))
+    samples = json.dumps([{"sample_id": i} for i in range(samples_per_step)])
+    lines = "".join(f'{{"next_step":{n},"samples":{samples}}}\n' for n in range(1, steps + 1))
     (out / "checkpoints" / "history.jsonl").write_text(lines)
 
 
@@ -81,3 +83,20 @@ def test_a_resumed_runs_bar_starts_at_its_checkpoint(tmp_path, monkeypatch):
     assert main(["run", str(CONFIG), "--live", "--out", str(out)]) == 130
     shown = bar.getvalue()
     assert "4/6" in shown and "1/6" not in shown
+
+
+def test_a_resumed_runs_bar_counts_the_samples_of_the_whole_run(tmp_path, monkeypatch):
+    """Before: resumed after 3 steps of 32 samples, the bar showed 4/6 steps but "32
+    samples" after its first step, this part's only."""
+    out = tmp_path / "run"
+    _checkpointed(out, 3, samples_per_step=32)
+    bar = io.StringIO()
+    monkeypatch.setattr(cli, "err_console", Console(file=bar, force_terminal=False, width=200))
+
+    def one_step_then_ctrl_c(spec, run_dir, predictor, after_step, on_step, *args) -> None:
+        on_step(StepUpdate(StepStats(3, 4, 32, 320, 0.0, 1.0), (), ()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "_run_processes", one_step_then_ctrl_c)
+    assert main(["run", str(CONFIG), "--live", "--out", str(out)]) == 130
+    assert "4/6 128 samples" in " ".join(bar.getvalue().split())  # not "4/6 32 samples"

@@ -8,7 +8,7 @@ from server_fakes import BATCH, CONFIG, FakeClient, FakeTrainer, FakeWorld
 
 from policies.spec import load_spec
 from runtime.live_run import ResumablePrompts, make_actor
-from runtime.recorder import Recorder
+from runtime.recorder import DataPosition, Recorder
 from runtime.tasks import TaskPromptSource, TaskSet
 
 GROUP = 4
@@ -87,3 +87,41 @@ def test_a_resumed_runs_lags_count_in_the_trainers_global_versions(mode, max_lag
     asyncio.run(run())
     assert len(trainer.lags) == (iterations - offset) * BATCH
     assert set(trainer.lags) <= set(range(max_lag + 1)) and 0 in trainer.lags
+
+
+class _CheckpointTrainer(FakeTrainer):
+    """Keeps the step of each checkpoint it is asked to write."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        super().__init__(world)
+        self.checkpointed: list[int] = []
+
+    async def checkpoint(self, path, position):
+        self.checkpointed.append(position.next_step - 1)
+
+
+def test_a_resumed_run_checkpoints_on_its_cadence_timed_from_its_checkpoint(tmp_path):
+    """Resumed after step 2, its checkpoint taken 5000 s into the run, with at most one
+    checkpoint an hour: only the run's last step checkpoints. Before: the interval ran
+    from the clock's zero, so the first step after every resume checkpointed too."""
+    offset, iterations, checkpoint_s = 3, 6, 5000.0
+    spec = load_spec(CONFIG, [
+        "pipeline.mode=disagg-sync", f"run.iterations={iterations}",
+        f"algorithm.batch_size={BATCH}", "live.num_servers=1",
+        "live.checkpoint_min_interval_s=3600",
+    ])  # fmt: skip
+    world = FakeWorld(1)
+    world.served[0] = offset
+    trainer = _CheckpointTrainer(world)
+    recorder = Recorder.resumed(DataPosition(offset, checkpoint_s, [], [], [], journal=True))
+    trained = set(range(offset * BATCH))
+    actor = make_actor(spec, {0: FakeClient(0, world)}, trainer, recorder, trained, offset,
+                       str(tmp_path / "last.pt"), None, None, "gloo")  # fmt: skip
+
+    async def run() -> None:
+        actor.start_clock(checkpoint_s)
+        await actor.push_now(offset)
+        await asyncio.wait_for(actor.run(), 30)
+
+    asyncio.run(run())
+    assert trainer.checkpointed == [iterations - 1]
