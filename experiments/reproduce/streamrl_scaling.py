@@ -141,10 +141,11 @@ def elastic_section(res: Results, b: sp.Budget, out: Path) -> Section:
         f"Δ at the last iteration is {last.delta_elastic_s:.0f} s against "
         f"{last.delta_fixed_s:.0f} s without scaling. Δ does not reach zero: the longest "
         "sample of a 20K batch alone needs about 20,000 decode steps at small-batch latency, a "
-        "floor that more instances cannot lower, while the rule's Δ′ = T_gen·k/(n+k) assumes "
-        "generation time falls in proportion to instances. So the rule keeps adding nodes "
-        "with diminishing return; a Δ′ from the stage model (which includes the tail) would "
-        "stop earlier."
+        "floor that more instances cannot lower. Δ′, the saving the stage model predicts for "
+        "one more node, counts that floor, so each node is predicted to save little; but the "
+        "rule adds whenever Δ > Δ′ (the node cannot make generation faster than training), "
+        "so it keeps adding nodes with diminishing return up to "
+        "`policies.elastic.max_extra_instances`."
     )
     return Section(
         "Elastic scaling as output length grows",
