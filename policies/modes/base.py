@@ -196,8 +196,11 @@ class ModeTraits:
         """Whether generation and training run at once under staleness ``bound``: a
         streaming trainer trains while its batch generates, a bound above 0 lets the next
         batch generate while this one trains. Otherwise an iteration takes the two stage
-        times in turn."""
-        return not self.colocated and (self.streaming or bound > 0)
+        times in turn, as ``conventional`` does whatever its bound (its G steps train
+        what one set of weights generated, and generation waits for all G)."""
+        if self.colocated or self.conventional:
+            return False
+        return self.streaming or bound > 0
 
     def staleness_bound(self, max_lag: int | None, steps_per_generation: int) -> int:
         """The bound a run of this mode keeps, given ``pipeline.max_lag`` (None: unset);
