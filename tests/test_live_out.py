@@ -68,12 +68,11 @@ def test_a_finished_run_with_a_spec_that_changes_training_is_refused(tmp_path, c
     assert "this spec changes what is trained: run.seed (0 → 1)" in printed
 
 
-def test_a_resumed_runs_bar_starts_at_its_checkpoint(tmp_path, monkeypatch):
-    """Before: resumed after step 2 of 6, the bar showed 1/6 after its first step."""
-    out = tmp_path / "run"
-    _checkpointed(out, 3)
+def _resumed_bar(out: Path, monkeypatch, terminal: bool) -> str:
+    """What the bar shows of a run into ``out`` resumed for one step (4 of 6), then Ctrl-C."""
     bar = io.StringIO()
-    monkeypatch.setattr(cli, "err_console", Console(file=bar, force_terminal=True, width=200))
+    console = Console(file=bar, force_terminal=terminal, width=200)
+    monkeypatch.setattr(cli, "err_console", console)
 
     def one_step_then_ctrl_c(spec, run_dir, predictor, after_step, on_step, *args) -> None:
         on_step(StepUpdate(StepStats(3, 4, 32, 320, 0.0, 1.0), (), ()))
@@ -81,7 +80,14 @@ def test_a_resumed_runs_bar_starts_at_its_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(launcher, "_run_processes", one_step_then_ctrl_c)
     assert main(["run", str(CONFIG), "--live", "--out", str(out)]) == 130
-    shown = bar.getvalue()
+    return bar.getvalue()
+
+
+def test_a_resumed_runs_bar_starts_at_its_checkpoint(tmp_path, monkeypatch):
+    """Before: resumed after step 2 of 6, the bar showed 1/6 after its first step."""
+    out = tmp_path / "run"
+    _checkpointed(out, 3)
+    shown = _resumed_bar(out, monkeypatch, terminal=True)
     assert "4/6" in shown and "1/6" not in shown
 
 
@@ -90,13 +96,5 @@ def test_a_resumed_runs_bar_counts_the_samples_of_the_whole_run(tmp_path, monkey
     samples" after its first step, this part's only."""
     out = tmp_path / "run"
     _checkpointed(out, 3, samples_per_step=32)
-    bar = io.StringIO()
-    monkeypatch.setattr(cli, "err_console", Console(file=bar, force_terminal=False, width=200))
-
-    def one_step_then_ctrl_c(spec, run_dir, predictor, after_step, on_step, *args) -> None:
-        on_step(StepUpdate(StepStats(3, 4, 32, 320, 0.0, 1.0), (), ()))
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(launcher, "_run_processes", one_step_then_ctrl_c)
-    assert main(["run", str(CONFIG), "--live", "--out", str(out)]) == 130
-    assert "4/6 128 samples" in " ".join(bar.getvalue().split())  # not "4/6 32 samples"
+    shown = _resumed_bar(out, monkeypatch, terminal=False)
+    assert "4/6 128 samples" in " ".join(shown.split())  # not "4/6 32 samples"
