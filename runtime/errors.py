@@ -19,6 +19,11 @@ class TrainerFailed(LiveRunError):
     its error's first line; the traceback goes to the run's log."""
 
 
+class StartTimedOut(LiveRunError):
+    """A generation server this run started did not answer ``/health`` within
+    ``live.startup_timeout_s``: the message names it, its log and that key."""
+
+
 class StartRefused(LiveRunError):
     """A live run refused before it started (an attached server that would not serve it):
     its run directory got nothing of it."""
@@ -30,7 +35,8 @@ class RunInterrupted(KeyboardInterrupt):
     its first, that running it again starts from step 0)."""
 
     def __init__(self, message: str, how_to_go_on: str) -> None:
-        super().__init__(f"{message}; {how_to_go_on}")  # run.log's last line
+        # run.log's last line; Ctrl-C's KeyboardInterrupt says nothing of itself
+        super().__init__(f"{message or 'interrupted'}; {how_to_go_on}")
         self.how_to_go_on = how_to_go_on
 
 

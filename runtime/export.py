@@ -24,6 +24,7 @@ from typing import Any
 
 from policies.spec import load_spec
 from runtime.checkpoints import CHECKPOINT_DIR, find_last, kept_checkpoints, readable
+from runtime.hf_quiet import quiet_progress_bars
 from runtime.run_dir import newest_spec
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def _write_model(base_dir: str, weights: dict[str, Any], out: Path, dtype: str) 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    quiet_progress_bars()  # no "Writing model shards" bar: the command says what it wrote
     config = AutoConfig.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(weights, strict=True)

@@ -68,7 +68,10 @@ class GuardPolicy:
         what = "token" if kind == RouteClass.CONTROL else "API key"
         if authorization is None:
             return 401, f"missing Authorization: Bearer <{what}>"
-        if not secrets.compare_digest(authorization.encode(), f"Bearer {secret}".encode()):
+        scheme, _, credential = authorization.partition(" ")
+        if scheme.lower() != "bearer":  # Basic, say: never echoed, it may hold the secret
+            return 401, f"Authorization: Bearer <{what}> expected, not another scheme"
+        if not secrets.compare_digest(credential.strip().encode(), secret.encode()):
             return 403, f"wrong bearer {what}"
         return None
 
@@ -134,5 +137,7 @@ class Guard:
 async def _answer(send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:  # the scheme it takes (RFC 6750)
+        headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -49,7 +49,7 @@ from runtime.live_run import (
     model_dir_for,
     trainer_config,
 )
-from runtime.model import check_model_dir, state_shapes
+from runtime.model import check_model_dir, context_tokens, state_shapes
 from runtime.procs import (
     ServerProcess,
     server_core_sets,
@@ -87,10 +87,11 @@ def _check_supported(spec: RunSpec) -> None:
             "answer, so every advantage (reward minus its group's mean) is 0 and the run "
             "learns nothing; sample with a temperature above 0 (default 1)"
         )
-    if not spec.live.server_urls:  # attached servers: their own context (check_attached)
-        check_context(task_set(spec), spec.live.max_model_len)
     if spec.model.path:
         check_model_dir(spec.model.path, "model.path")
+    if not spec.live.server_urls:  # attached servers: their own context (check_attached)
+        model_tokens = context_tokens(spec.model.path or None)
+        check_context(task_set(spec), spec.live.max_model_len, model_tokens=model_tokens)
 
 
 def check_live_run(spec: RunSpec, ray_address: str | None = None) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.hf_quiet import quiet_progress_bars
 from runtime.tasks import VOCAB, TaskPrompt, TaskSet
 
 BUILD_VERSION = 3  # bump when the build recipe (or the tasks it trains on) changes
@@ -66,6 +67,41 @@ def check_model_dir(path: str, what: str) -> None:
             f"{what} {path} has no config.json: not a Hugging Face model directory "
             "(tandem model path builds the embedded one; tandem export writes a trained one)"
         )
+    config = _read_config(where / "config.json", what)
+    if not isinstance(config.get("model_type"), str):
+        raise ValueError(
+            f"{what} {path}: {where / 'config.json'} names no model_type, so neither "
+            'transformers nor vLLM can tell which architecture to build (e.g. "llama")'
+        )
+
+
+def _read_config(path: Path, what: str) -> dict:
+    """A model directory's ``config.json`` as a dict; a ``ValueError`` naming ``what``."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeError, ValueError) as err:
+        raise ValueError(f"{what}: {path} cannot be read as JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{what}: {path} is not a JSON object")
+    return config
+
+
+def context_tokens(model_path: str | None) -> int | None:
+    """The longest sequence the model takes: ``max_position_embeddings`` of the config.json
+    at ``model_path`` (None: the embedded model's, without building it). None where it
+    cannot be told: no such field, or a RoPE scaling ``factor`` (vLLM stretches the
+    context by it), or a config.json that cannot be read (:func:`check_model_dir` says)."""
+    if model_path is None:
+        return TinyModelConfig().max_position_embeddings
+    try:
+        config = _read_config(Path(model_path) / "config.json", "model.path")
+    except ValueError:
+        return None
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    tokens = config.get("max_position_embeddings")
+    if not isinstance(tokens, int) or (isinstance(rope, dict) and "factor" in rope):
+        return None
+    return tokens
 
 
 def has_task_tokenizer(model_dir: str) -> bool:
@@ -159,6 +195,7 @@ def build_tiny_model(
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
+    quiet_progress_bars()  # no "Writing model shards" bar: the build has its own
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(_llama_config(config))
     tokenizer = build_tokenizer()

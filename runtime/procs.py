@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from runtime.errors import ProcessDied, describe_exit
+from runtime.errors import ProcessDied, StartTimedOut, describe_exit
 from runtime.lifetime import die_with_parent, reap_forks_with_parent
 
 __all__ = ["die_with_parent", "reap_forks_with_parent"]  # their home: runtime.lifetime
@@ -174,6 +174,8 @@ def server_died(server: ServerProcess, when: str) -> ProcessDied:
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
+    """Return once ``server`` answers ``/health``; a :class:`ProcessDied` if it exits first,
+    a :class:`StartTimedOut` naming its log and ``live.startup_timeout_s`` after ``timeout_s``."""
     start = time.monotonic()
     deadline = start + timeout_s
     logger.info("waiting for server %d: vLLM engine start (~35 s on a CPU)", server.instance_id)
@@ -199,7 +201,10 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 300.0) -> None:
             )
             return
         time.sleep(0.5)
-    raise TimeoutError(f"{describe_server(server)} not healthy after {timeout_s} s")
+    raise StartTimedOut(
+        f"{describe_server(server)} not healthy after {timeout_s:g} s (log: {server.log_path}): "
+        "its engine may still be starting; raise live.startup_timeout_s"
+    )
 
 
 _ERROR_LINE = re.compile(r"(?:^|\] )((?:\w+\.)*\w*(?:Error|Exception): .+)$", re.MULTILINE)

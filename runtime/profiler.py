@@ -48,9 +48,10 @@ from pathlib import Path
 import httpx
 
 from policies.spec import RunSpec
+from runtime.hf_quiet import quiet_progress_bars
 from runtime.http_pool import POOL_LIMITS
 from runtime.live_run import model_dir_for, trainer_config
-from runtime.model import check_model_dir
+from runtime.model import check_model_dir, context_tokens
 from runtime.procs import free_port, split_cores, start_server, stop_server, wait_healthy
 from runtime.profile_bursts import (
     ACTOR_ROUTE,
@@ -146,7 +147,8 @@ def check_profile_spec(spec: RunSpec) -> None:
     missing model directory failed ~20 s in, as a server's traceback)."""
     if spec.model.path:
         check_model_dir(spec.model.path, "model.path")
-    check_context(task_set(spec), spec.live.max_model_len)
+    model_tokens = context_tokens(spec.model.path or None)
+    check_context(task_set(spec), spec.live.max_model_len, model_tokens=model_tokens)
 
 
 # -- generation: decode and prefill -------------------------------------------------------
@@ -308,6 +310,7 @@ async def _measure_weight_sync(http, plan, tasks, url, token, trainer, spec, tic
 def _weight_bytes(spec: RunSpec) -> int:
     from transformers import AutoModelForCausalLM
 
+    quiet_progress_bars()
     model = AutoModelForCausalLM.from_pretrained(model_dir_for(spec))
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 

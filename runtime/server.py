@@ -262,8 +262,9 @@ class VersionHeaders:
 
 def mount_contract(app: FastAPI, control: ServerControl, policy: GuardPolicy) -> None:
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
-    app.include_router(control_router(control, RunLease(lease_s_from_env())))
-    install_route_errors(app)
+    router = control_router(control, RunLease(lease_s_from_env()))
+    app.include_router(router)
+    install_route_errors(app, {getattr(r, "path", "") for r in router.routes})
     # vLLM has already built the middleware stack: add ours and let Starlette rebuild it;
     # the guard goes first (outermost): nothing is read before it has checked
     app.user_middleware.insert(0, Middleware(VersionHeaders, control=control))

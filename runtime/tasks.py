@@ -238,12 +238,30 @@ def task_set(spec: RunSpec) -> TaskSet:
     return TaskSet(spec.run.seed, w.num_prompts, w.max_output_tokens, mix=w.tasks)
 
 
-def check_context(tasks: TaskSet, max_model_len: int, where: str = "live.max_model_len") -> None:
+def check_context(
+    tasks: TaskSet, max_model_len: int, where: str = "live.max_model_len",
+    model_tokens: int | None = None,
+) -> None:  # fmt: skip
     """A ``ValueError`` unless a server's context (``max_model_len`` tokens, from ``where``)
     holds the longest prompt with ``workload.max_output_tokens`` after it: vLLM would end a
-    longer answer at the context length and the run would train on it as it is."""
+    longer answer at the context length and the run would train on it as it is. With
+    ``model_tokens`` (the model's own limit, ``max_position_embeddings``) also unless
+    ``max_model_len`` fits the model: vLLM refuses to start above it."""
     longest = max(p.prompt_tokens for p in tasks.prompts)
     need = longest + tasks.max_output_tokens
+    model = f"the model's context ({model_tokens} tokens, max_position_embeddings of its config)"
+    if model_tokens is not None and need > model_tokens:
+        raise ValueError(
+            f"{model} cannot hold the longest prompt ({longest} tokens) plus "
+            f"workload.max_output_tokens ({tasks.max_output_tokens}): lower "
+            f"workload.max_output_tokens to at most {model_tokens - longest} "
+            f"({where} cannot go above {model_tokens})"
+        )
+    if model_tokens is not None and max_model_len > model_tokens:
+        raise ValueError(
+            f"{where} ({max_model_len}) is longer than {model}: vLLM would refuse to start; "
+            f"make it at most {model_tokens}"
+        )
     if max_model_len < need:
         raise ValueError(
             f"{where} ({max_model_len}) is shorter than the longest prompt ({longest} tokens) "

@@ -25,6 +25,7 @@ import torch
 from policies.records import StepStats
 from policies.results import write_atomic
 from runtime.errors import NonFiniteGradient
+from runtime.hf_quiet import quiet_progress_bars
 from runtime.loss import clip_fraction, effective_sample_size, rl_loss
 from runtime.packing import packed_logprobs
 from runtime.weight_sync import WeightSender, params_meta
@@ -123,6 +124,7 @@ class Trainer:
     def initialise(self) -> None:
         from transformers import AutoModelForCausalLM
 
+        quiet_progress_bars()  # no "Loading weights" bar on the run's console
         torch.manual_seed(self.config.seed)
         torch.set_num_threads(self.config.num_threads or len(os.sched_getaffinity(0)))
         self.model = AutoModelForCausalLM.from_pretrained(

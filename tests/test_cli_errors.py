@@ -83,3 +83,14 @@ def test_a_live_run_stopped_before_its_first_checkpoint_says_it_starts_again_fro
     last = (out / "run.log").read_text().splitlines()[-1]
     assert last.endswith("no step was checkpointed yet: running it again starts from step 0: "
                          f"tandem run {out}/spec.yaml --live --out {out}")  # fmt: skip
+
+
+def test_run_log_says_why_an_interrupted_run_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Before: ``RunInterrupted: ; resume with …``: Ctrl-C's interrupt says nothing itself."""
+    _stopped_live_run(tmp_path, monkeypatch, capsys, checkpointed=True)
+    out = tmp_path / "run"
+    last = (out / "run.log").read_text().splitlines()[-1]
+    assert last.endswith(
+        f"the run stopped: RunInterrupted: interrupted; resume with: "
+        f"tandem run {out}/spec.yaml --live --out {out}"
+    )

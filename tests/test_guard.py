@@ -106,3 +106,20 @@ def test_the_api_key_guards_inference_routes_only_when_set():
 def test_an_insecure_server_leaves_control_routes_open():
     app = _app(GuardPolicy(token=None, insecure_no_token=True), [])
     assert _call(app, "POST", "/request_weight_update", json={"data": []}).status_code == 200
+
+
+@pytest.mark.parametrize("header", ["Basic secret", "secret", "Token secret"])
+def test_a_credential_of_another_scheme_is_a_401_saying_bearer_is_expected(header):
+    """Before: ``Authorization: Basic SECRET`` got 403 "wrong bearer token", as if the
+    token were wrong; the answer never echoes what the header held."""
+    app = _app(GuardPolicy(token="secret"), [])
+    resp = _call(app, "POST", "/scale_elastic_ep", headers={"Authorization": header})
+    assert resp.status_code == 401
+    assert resp.json() == {"detail": "Authorization: Bearer <token> expected, not another scheme"}
+    assert resp.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_bearer_scheme_is_case_insensitive():
+    app = _app(GuardPolicy(token="secret"), [])
+    resp = _call(app, "POST", "/scale_elastic_ep", headers={"Authorization": "bearer secret"})
+    assert resp.status_code == 200

@@ -40,7 +40,7 @@ def test_serve_refuses_a_directory_that_is_not_a_model_or_a_port_in_use(
     assert f"{tmp_path} has no config.json: not a Hugging Face model" in _flat(
         capsys.readouterr().out
     )
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with socket.socket() as taken:  # before: vLLM's traceback 12 s later
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -51,7 +51,7 @@ def test_serve_refuses_a_directory_that_is_not_a_model_or_a_port_in_use(
 
 def test_serve_execs_the_server_with_the_token_out_of_its_command_line(monkeypatch, tmp_path):
     seen: dict = {}
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
 
     def execve(path, argv, env):
         seen.update(argv=argv, env=env)

@@ -212,3 +212,46 @@ def test_a_run_keeps_its_lease_across_a_silence_longer_than_the_lease():
 
     assert asyncio.run(silence(keep=True)) == 409  # held: the other run is refused
     assert asyncio.run(silence(keep=False)) == 200  # lapsed: the other run joined
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "param"),
+    [
+        ({k: v for k, v in JOIN.items() if k != "master_addr"}, "master_addr: field required",
+         "body.master_addr"),
+        ({**JOIN, "rank": 0, "extra": 1},
+         "rank: input should be greater than or equal to 1; extra: extra inputs are not permitted",
+         "body.rank"),
+        (None, "body: field required", "body"),
+    ],
+)  # fmt: skip
+def test_a_body_the_route_refuses_is_a_400_of_one_readable_line_per_field(body, message, param):
+    """Before: each error's Python repr (``{'type': 'missing', 'loc': 'body.master_addr',
+    …}``) under vLLM's handler; 422 and a list of them under FastAPI's."""
+    with _client(_Engine()) as client:
+        resp = client.post("/init_process_group", json=body, headers=TOKEN)
+    assert resp.status_code == 400, resp.text
+    assert _error(resp) == {"message": message, "type": "Bad Request", "param": param, "code": 400}
+
+
+def test_routes_not_tandems_keep_the_apps_own_validation_answer():
+    """vLLM's routes keep vLLM's handler (its own ``param`` rules)."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    from runtime.server import InitGroupBody as Body
+
+    app = FastAPI()
+
+    async def theirs(request, err) -> JSONResponse:
+        return JSONResponse({"theirs": True}, status_code=400)
+
+    app.add_exception_handler(RequestValidationError, theirs)
+
+    @app.post("/v1/completions")
+    async def complete(body: Body) -> dict:
+        return {}
+
+    install_route_errors(app, {"/init_process_group"})
+    with TestClient(app) as client:
+        assert client.post("/v1/completions", json={}).json() == {"theirs": True}
