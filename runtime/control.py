@@ -22,12 +22,13 @@ then finish on the old weights.
 from __future__ import annotations
 
 import asyncio
-import socket
+import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from runtime.engine_watch import STALL_S, EngineWatch
+from runtime.joining import JoinUnderWay, check_resolves, join_limit_s
 from runtime.prompt_cache import ServedWeights, VersionHistory, install_salting, prompt_version
 from runtime.weight_sync import DTYPES, BucketDigest, ParamMeta, plan_buckets
 
@@ -149,33 +150,10 @@ def check_digests(metas: list[ParamMeta], digests: list[BucketDigest]) -> None:
         )
 
 
-def join_limit_s(timeout_s: float) -> float:
-    """The longest a worker's join may take: gloo's store client tries to connect twice,
-    each for up to ``timeout_s``, with a back-off below ``timeout_s`` between (a port where
-    nothing listens, timeout 3 s: 5.5 s idle, over 8 s on a busy machine), then the
-    group's rendezvous may take ``timeout_s`` more."""
-    return 3 * timeout_s + 5.0
-
-
 def device_of(engine) -> str:
     """The device the engine's model runs on (vLLM's ``device_config``; ``cpu`` if unknown)."""
     config = getattr(getattr(engine, "vllm_config", None), "device_config", None)
     return str(getattr(config, "device_type", None) or "cpu")
-
-
-RESOLVE_LIMIT_S = 10.0  # a name server that does not answer: refused, not waited on
-
-
-async def check_resolves(host: str, port: int) -> None:
-    """An :class:`UpdateRejected` naming ``master_addr`` unless ``host`` resolves: before,
-    an unresolvable name failed in the worker after gloo's connect timeouts (8.7 s, 504)."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(RESOLVE_LIMIT_S):
-            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError, TimeoutError) as err:
-        why = f"not resolved within {RESOLVE_LIMIT_S:g} s" if isinstance(err, TimeoutError) else err
-        raise UpdateRejected("master_addr", f"{host!r} does not resolve ({why})") from None
 
 
 def _rpc_timed_out(err: Exception, method: str) -> bool:
@@ -212,7 +190,8 @@ class ServerControl:
         self.last_pause_s: float | None = None
         self.history = VersionHistory()
         self._lock = asyncio.Lock()
-        self._joining: int | None = None  # the rank of a join under way
+        self.server_id = secrets.token_hex(8)  # /health: two URLs, one id: one server
+        self.joining: JoinUnderWay | None = None  # a join taken and not finished
         self._busy_until = 0.0  # monotonic end of an update's or a join's allowed time
         self._not_updating = asyncio.Event()  # cleared while an update is loaded
         self._not_updating.set()
@@ -247,30 +226,39 @@ class ServerControl:
                 "backend", f"{backend!r} cannot run on this server's {self.device} device: "
                 f"use {' or '.join(map(repr, self.backends))}",
             )  # fmt: skip
-        await check_resolves(host, port)
+        try:
+            await check_resolves(host, port)
+        except ValueError as err:
+            raise UpdateRejected("master_addr", str(err)) from None
 
     async def join_group(
-        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
-    ) -> None:
+        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
+        owner: str | None = None,
+    ) -> None:  # fmt: skip
         """Join (or re-create) the weight group; the worker gives up after ``timeout_s``.
 
-        A second join while one is under way is refused (409): queued behind the first, it
-        kept the group from forming (the first waits for every rank), and the engine then
-        hung in the second's group set-up, serving nothing (a server listed twice)."""
-        if self._joining is not None:
+        A second join while one is under way is refused (409) naming the first and when it
+        ends: queued behind the first, it kept the group from forming (the first waits for
+        every rank), and the engine then hung in the second's group set-up, serving nothing
+        (a server listed twice). ``owner``: the run that asks (runtime.lease), for /health."""
+        if self.joining is not None:
             raise UpdateRejected(
-                "rank", f"this server is joining a weight group as rank {self._joining}: a "
-                "server joins a run's group once", 409,
+                "rank", f"this server is busy joining a weight group as {self.joining.describe()}"
+                ": it takes one join at a time (a join whose caller went away runs to its end "
+                "too), and a server joins a run's group once", 409,
             )  # fmt: skip
         args = (host, port, rank, world_size, backend, timeout_s, self.bind_host)
         limit_s = join_limit_s(timeout_s)
-        self._joining = rank
+        # an update loading now holds the worker first: this join may end that much later
+        waits_s = max(0.0, self._busy_until - time.monotonic())
+        self.joining = JoinUnderWay(rank, world_size, owner, time.monotonic() + waits_s + limit_s)
         try:
             async with self._lock:  # never while an update is receiving
                 self._busy_until = time.monotonic() + limit_s + BUSY_GRACE_S
+                self.joining = replace(self.joining, ends_at=time.monotonic() + limit_s)
                 per_worker = await self._rpc("tandem_join", limit_s, args)
         finally:
-            self._joining = None
+            self.joining = None
             self._busy_until = 0.0
             self.watch.touch()  # the engine stepped nothing while it joined
         # the worker returns why it could not join (a timeout of gloo's own, say): this

@@ -9,7 +9,8 @@ vLLM builds the app (``/v1/completions``, ``/v1/chat/completions``, ... on an
 * ``POST /request_weight_update`` — pause (keep), receive and load, resume; answers when
   loaded (see :mod:`runtime.control`);
 * ``GET /v1/tandem/params`` — the served model's parameter names and shapes;
-* ``GET /health`` — replaces vLLM's, adding the served weight version;
+* ``GET /health`` — replaces vLLM's, adding the served weight version, the run it
+  serves, a join under way and the server's random ``server_id``;
 * ``GET /weights/checksums`` — checksums of the last loaded tensors (checkpoint layout);
 * ``POST /v1/tandem/generate`` — the actor's route: many samples per request, each
   streamed back as it finishes, with its weight versions (see :mod:`runtime.batch_gen`);
@@ -37,10 +38,18 @@ import sys
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware import Middleware
 
 from runtime.batch_gen import BatchBody, BatchGenerator
+from runtime.contract_bodies import (
+    HealthResponse,
+    InitGroupBody,
+    JoiningState,
+    ReleaseBody,
+    RenewResponse,
+    UpdateResponse,
+    WeightUpdateBody,
+)
 from runtime.control import ServerControl, UpdateRejected, checkpoint_manifest
 from runtime.cpu_seed_rewind import SEED_REWIND_ENV
 from runtime.direct_load import DIRECT_ENV
@@ -53,6 +62,7 @@ from runtime.engine_proc import (
 from runtime.engine_watch import stall_s_from_env
 from runtime.guard import Guard, GuardPolicy
 from runtime.http_pool import SERVER_KEEP_ALIVE_S
+from runtime.joining import JoinUnderWay
 from runtime.lease import LeaseHeld, RunLease, lease_s_from_env
 from runtime.lifetime import exit_without_finalizing
 from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
@@ -63,83 +73,6 @@ from runtime.weight_sync import BucketDigest, ParamMeta
 
 if __name__ == "__mp_main__":  # a process vLLM spawned below this server: die with it
     die_with_parent(signal.SIGKILL)
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-# the longest a join or an update may be given: past it a deadline overflowed (1e300:
-# "Python int too large") or came out in the past (1e12: an immediate timeout)
-MAX_TIMEOUT_S = 86_400.0
-# the most ranks a weight group may have (10**20 failed in the worker: "can't serialize")
-MAX_WORLD_SIZE = 65_536
-
-
-class InitGroupBody(_Body):
-    master_addr: str
-    master_port: int = Field(ge=1, le=65535)
-    rank: int = Field(ge=1, description="this server's rank; the trainer is rank 0")
-    world_size: int = Field(ge=2, le=MAX_WORLD_SIZE)
-    backend: str = Field("gloo", pattern="^(gloo|nccl)$")  # and one the device runs
-    timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
-    owner: str | None = Field(None, max_length=64, description="the run's id (runtime.lease)")
-
-
-class ReleaseBody(_Body):
-    owner: str = Field(max_length=64)
-
-
-class RenewResponse(_Body):
-    owner: str
-    lease_s: float  # the holder renews well within this (runtime.lease_keeper)
-
-
-class ParamBody(_Body):
-    name: str
-    shape: list[int]
-    dtype: str
-
-
-class BucketBody(_Body):
-    dtype: str
-    num_tensors: int = Field(ge=1)
-    num_bytes: int = Field(ge=0)
-    blake2b: str = Field(pattern="^[0-9a-f]{32}$", description="16-byte BLAKE2b, hex")
-
-
-class WeightUpdateBody(_Body):
-    version: int = Field(ge=0)
-    params: list[ParamBody] = Field(min_length=1, description="in broadcast order")
-    buckets: list[BucketBody] | None = Field(
-        None, description="what the sender broadcasts, bucket by bucket; required (verified), "
-        "checked after params so that a bad param is named first",
-    )  # fmt: skip
-    timeout_s: float = Field(
-        120.0,
-        gt=0,
-        le=MAX_TIMEOUT_S,
-        description="the route answers within this; the receive gets 3/4 of it",
-    )
-
-
-class UpdateResponse(_Body):
-    version: int
-    num_tensors: int
-    pause_s: float
-    stages_ms: dict[str, float]
-
-
-class HealthResponse(_Body):
-    status: str
-    version: int
-    num_updates: int
-    last_pause_s: float | None
-    pauses_for_updates: bool  # False: an update loads between two engine steps unpaused
-    pid: int  # the server's process: a launcher tells its own server from another's
-    owner: str | None  # the run this server serves (runtime.lease); None: free
-    free_in_s: float  # until another run may join
-    stalled_s: float | None  # holding requests without an engine step this long (503)
 
 
 def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
@@ -174,10 +107,20 @@ def control_router(control: ServerControl, lease: RunLease) -> APIRouter:
             owner=lease.owner,
             free_in_s=lease.free_in_s(),
             stalled_s=stalled,
+            server_id=control.server_id,
+            joining=_joining_state(control.joining),
         )
         return JSONResponse(body.model_dump(), status_code=200 if body.status == "ok" else 503)
 
     return router
+
+
+def _joining_state(join: JoinUnderWay | None) -> JoiningState | None:
+    if join is None:
+        return None
+    return JoiningState(
+        rank=join.rank, world_size=join.world_size, owner=join.owner, ends_in_s=join.ends_in_s()
+    )
 
 
 def _weight_group_routes(router: APIRouter, control: ServerControl, lease: RunLease) -> None:
@@ -194,7 +137,7 @@ def _weight_group_routes(router: APIRouter, control: ServerControl, lease: RunLe
             lease.check(body.owner)  # no await from here to the join's start: no other joins
             await control.join_group(
                 body.master_addr, body.master_port, body.rank, body.world_size, body.backend,
-                body.timeout_s,
+                body.timeout_s, body.owner,
             )  # fmt: skip
         except UpdateRejected as err:
             raise RouteError(err.status, str(err), err.field) from None

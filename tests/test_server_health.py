@@ -17,6 +17,9 @@ class _Engine:
         self.release = asyncio.Event()
         self.calls: list[tuple] = []
 
+    def get_tokenizer(self) -> None:
+        return None
+
     async def collective_rpc(self, method: str, timeout: float, args: tuple) -> list:
         self.calls.append((method, args))
         await self.release.wait()
@@ -197,3 +200,46 @@ def test_only_a_call_that_does_not_return_in_time_marks_the_worker_stuck_saying_
     with pytest.raises(UpdateRejected):
         asyncio.run(control._rpc("x", 5.0, ()))
     assert control.condition()[0] == "stuck"
+
+
+def test_a_join_under_way_is_on_health_with_its_end_and_a_second_join_is_told_when():
+    """Seen in a user trial: a stray join (its master never answers) blocked the server
+    for 108 s while /health said ok, ``owner`` null, ``free_in_s`` 0, so a run attached,
+    loaded its trainer and then failed on a 409 that said "a server joins a run's group
+    once". Now /health gives the join under way and when it ends, and the 409 says so."""
+    from fastapi import FastAPI
+    from httpx import ASGITransport, AsyncClient
+
+    from runtime.control import join_limit_s
+    from runtime.lease import RunLease
+    from runtime.server import control_router
+
+    engine = _Engine()  # the worker joins until released
+    app = FastAPI()
+    app.include_router(control_router(ServerControl(engine, {}), RunLease()))
+    join = {"master_addr": "127.0.0.1", "master_port": 1, "rank": 1, "world_size": 2,
+            "owner": "stray"}  # fmt: skip
+
+    async def scenario() -> None:
+        transport = ASGITransport(app=app)
+        async with AsyncClient(transport=transport, base_url="http://server") as client:
+            first = asyncio.create_task(client.post("/init_process_group", json=join))
+            while not engine.calls:
+                await asyncio.sleep(0.01)
+            health = (await client.get("/health")).json()
+            assert health["status"] == "ok" and re.fullmatch("[0-9a-f]{16}", health["server_id"])
+            pending = health["joining"]
+            assert pending.pop("ends_in_s") == pytest.approx(join_limit_s(60.0), abs=30)
+            assert pending == {"rank": 1, "world_size": 2, "owner": "stray"}
+            second = await client.post("/init_process_group", json={**join, "owner": "run"})
+            assert second.status_code == 409
+            assert re.search(
+                r"busy joining a weight group as rank 1 of 2 for owner stray, ending within "
+                r"\d+ s: it takes one join at a time",
+                second.json()["detail"],
+            ), second.text
+            engine.release.set()
+            assert (await first).json() == {"joined": True, "rank": 1}
+            assert (await client.get("/health")).json()["joining"] is None
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
