@@ -26,18 +26,18 @@ from experiments.guards import (
     fresh_dir,
     replaces_a_run,
 )
-from experiments.live_out import finished_live_run, live_done_before, nothing_left_if_refused
+from experiments.live_out import finished_live_run, live_done_before
 from experiments.peers_cmd import add_peers_options
-from experiments.progress import RunProgress, chain
+from experiments.progress import RunProgress
+from experiments.run_cmd import run_into
 from experiments.specs import config_path
 from experiments.stop_signal import SigtermUnwinds
 from experiments.summary_format import print_summary
 from experiments.sweep_cmd import add_sweep_parser
-from policies.given_split import replaced_split, split_keys_given
-from policies.inert_keys import log_inert_keys
-from policies.logs import run_log
-from policies.results import RunResult, write_atomic
+from policies.logs import ConsoleLevel
+from policies.results import RunResult
 from policies.spec import RunSpec, SpecError, load_spec
+from runtime.graceful_stop import StopRequests
 from runtime.ray_session import require_ray
 
 DEFAULT_SPEC = "streamrl-7b"
@@ -65,7 +65,8 @@ def setup_logging(level: str) -> None:
     root = logging.getLogger()
     for h in [h for h in root.handlers if getattr(h, "_tandem_console", False)]:
         root.removeHandler(h)
-    handler = RichHandler(console=err_console, show_path=False, level=getattr(logging, level))
+    handler = RichHandler(console=err_console, show_path=False)
+    handler.addFilter(ConsoleLevel(getattr(logging, level)))  # and notices (policies.logs)
     handler._tandem_console = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(min(getattr(logging, level), logging.INFO))
@@ -85,7 +86,6 @@ def _out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from experiments.plots import timeline
     from experiments.tracking import tracker_for
 
     spec = _load(args)
@@ -112,42 +112,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         err_console, label, spec.run.iterations, transient=not args.live,
         completed=done.num_steps, completed_samples=done.num_samples,
     )  # fmt: skip
-    with (
-        nothing_left_if_refused(out, made_out=args.out is None),
-        run_log(out),
-        tracker,
-        progress as bar,
-    ):
-        log.info("%s run of %s in %s", "live" if args.live else "simulated", label, out)
-        log_inert_keys([spec], live=args.live)  # in run.log too
-        if not args.live:  # balanced re-splits a simulated run's GPUs, never a live one's
-            for line in replaced_split([spec], split_keys_given(args.set)):
-                log.warning("%s", line)
-            # the spec is on disk from the start, also if the run is stopped
-            if gone := RunResult.clear(out):  # an earlier run's: never beside this spec
-                log.warning("%s: the earlier run's %s replaced", out, ", ".join(gone))
-            write_atomic(out / "spec.yaml", spec.to_yaml().encode())
-        on_step = chain(tracker, bar.on_step)
-        result = _execute(spec, out, args.live, on_step, args.force_new_spec, args.ray)
-        if tracker.reports:  # not a finished live run's saved results: tracked once already
-            tracker.finish(result.metrics)
-        if not args.live:  # run_live saved its result (a resumed run keeps its spec.yaml)
-            result.save(out)
-        timeline(result, out / "timeline.png")
-    print_summary(result, out, console)
+    with StopRequests(spec.live.stop_grace_s) as shutdown:
+        result = run_into(args, spec, out, tracker, progress, shutdown)
+        print_summary(result, out, console)
     return 0
-
-
-def _execute(
-    spec: RunSpec, out: Path, live: bool, on_step: Callable, force_new_spec: bool = False,
-    ray_address: str | None = None,
-) -> RunResult:  # fmt: skip
-    """The run, with its ranker (whose source and quality its metrics record)."""
-    from experiments.runs import run_live_ranked, simulate
-
-    if live:
-        return run_live_ranked(spec, out, on_step, force_new_spec, ray_address)
-    return simulate(spec, on_step)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -23,6 +23,25 @@ def is_tandem(record: logging.LogRecord) -> bool:
     return record.name.split(".", 1)[0] in PACKAGES
 
 
+# ``log.info(..., extra=NOTICE)``: an INFO record the console shows wherever it shows
+# warnings (a status the user should see once, e.g. that a live run resumed)
+NOTICE = {"notice": True}
+
+
+class ConsoleLevel(logging.Filter):
+    """The console's records: those at ``level`` and above, and the notices
+    (:data:`NOTICE`) wherever warnings pass."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "notice", False):
+            return max(record.levelno, logging.WARNING) >= self.level
+        return record.levelno >= self.level
+
+
 class _RunLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.WARNING or is_tandem(record)

@@ -25,6 +25,13 @@ trainer once the stop's checkpoint is written; it still dies with the command
 out of reach of such a signal; one that dies anyway is a lost server, and the stop's
 checkpoint, the trainer's alone, is written all the same.
 
+Once the run's results are saved (:meth:`StopRequests.results_saved`), the run has
+finished: the first SIGINT or SIGTERM after that no longer turns it into an interrupted
+one. It is noted (``run.log`` and the console say it came during the shutdown) and the
+shutdown goes on: the launcher stops the trainer and the servers, and the command
+(``tandem run``) finishes its tracking, plot and summary, and exits 0, its tracking's end
+FINISHED. A second signal unwinds at once, as before.
+
 Only a signal whose handler is Python's own (``default_int_handler``, the command's
 ``SigtermUnwinds``) is taken: one left at the system's default still ends the process.
 Outside the main thread nothing changes (only it may set handlers). SIGKILL stays a loss
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import threading
 import time
@@ -42,6 +50,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
+
+from policies.logs import NOTICE
+
+log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -93,6 +105,8 @@ class StopRequests:
         self.deadline: StopDeadline | None = None  # set by the first stop signal
         self._previous: dict[int, Any] = {}
         self._listener: tuple[asyncio.AbstractEventLoop, OnStop] | None = None
+        self._saved = False  # the run's results are saved: a signal only ends its shutdown
+        self.late_signum: int | None = None  # the signal that came after they were saved
 
     def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():
@@ -108,6 +122,15 @@ class StopRequests:
         self._restore()
         if isinstance(err, RunStopped):
             self._deliver()
+        if self.late_signum is not None:
+            name = signal.Signals(self.late_signum).name
+            log.info("%s came after the run had finished and saved its results: it shut "
+                     "down as a finished run", name, extra=NOTICE)  # fmt: skip
+
+    def results_saved(self) -> None:
+        """From now on the run has finished: a first stop signal is noted
+        (:attr:`late_signum`), not raised, and the shutdown goes on; a second one unwinds."""
+        self._saved = True
 
     @contextlib.contextmanager
     def listening(self, on_request: OnStop) -> Iterator[None]:
@@ -128,6 +151,9 @@ class StopRequests:
         return otherwise_s if self.deadline is None else self.deadline.remaining_s()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._saved and self.late_signum is None:
+            self.late_signum = signum
+            return
         if self.deadline is None:
             self.deadline = StopDeadline.from_now(self.grace_s)
         if self._listener is None or self.signum is not None:

@@ -119,7 +119,8 @@ def run_live(
     :class:`StepUpdate` after every optimizer step, as it happens (progress, tracking).
     ``ray_address``: run on that Ray cluster (``local``: start one on this machine).
     Ctrl-C and SIGTERM checkpoint the last trained step first (runtime.graceful_stop);
-    the interrupt is a ``RunInterrupted`` saying how to go on. A run refused before it
+    the interrupt is a ``RunInterrupted`` saying how to go on. Once the results are saved,
+    a first one only ends the shutdown, and the result is returned. A run refused before it
     starts (a spec a resume refuses, an attached server that would not serve it) writes
     nothing to ``out_dir``."""
     check_live_run(spec, ray_address)

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from policies.build import ExecutorInputs, RunPolicies, build_policies, instance_views, mode_of
+from policies.logs import NOTICE
 from policies.modes.base import PromptSource
 from policies.protocols import LengthPredictor, OnlineLengthPredictor
 from policies.records import Request
@@ -144,7 +145,9 @@ async def drive(
     is measured (not on Ray: its actors are the raylet's, on any node). ``stops``: the
     stop signals the actor loop takes while it runs (runtime.graceful_stop)."""
     ckpt = run_dir.checkpoint
-    recorder, trained_ids, offset, time_offset_s = await _start_position(trainer, ckpt)
+    recorder, trained_ids, offset, time_offset_s = await _start_position(
+        trainer, ckpt, spec.run.iterations
+    )
     recorder.on_fault = run_dir.append_fault  # faults.json is current during the run
     recorder.on_generation_idle = trainer.generation_idle  # it may borrow the idle cores
     ids = sorted(servers.slots)
@@ -183,6 +186,8 @@ async def drive(
             await c.aclose()
     result = _result(spec, recorder, end_s, len(ids))
     _save(result, run_dir, offset, time_offset_s, cpu_rows, startup)
+    if stops is not None:  # finished: a stop signal now only ends the shutdown
+        stops.results_saved()
     log.info("live run done: %.1f s, results in %s", end_s, run_dir.path)
     return result
 
@@ -203,15 +208,17 @@ def _clients(spec: RunSpec, servers: Servers, ids: list[int]) -> dict[int, Gener
 
 
 async def _start_position(
-    trainer: TrainerClient, ckpt: Path
+    trainer: TrainerClient, ckpt: Path, num_steps: int
 ) -> tuple[Recorder, set[int], int, float]:
     """Where the run starts, once the trainer has loaded the model: after the checkpoint's
-    step if there is one (its recorder, trained sample ids, next step, clock), else at 0."""
+    step if there is one (its recorder, trained sample ids, next step, clock), else at 0.
+    A resume says so on the console (of ``num_steps``, the run's steps)."""
     log.info("trainer loading the model%s", " and its checkpoint" if ckpt.exists() else "")
     position = resume_position(ckpt, await trainer.initialise(str(ckpt)))
     if position is None:
         return Recorder(), set(), 0, 0.0
-    log.info("resuming after step %d (%s)", position.next_step - 1, ckpt)
+    step = position.next_step - 1
+    log.info("resuming after step %d of %d from %s", step, num_steps, ckpt, extra=NOTICE)
     trained_ids = {s.sample_id for s in position.samples}
     return Recorder.resumed(position), trained_ids, position.next_step, position.time_s
 

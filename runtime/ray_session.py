@@ -13,6 +13,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 from runtime.errors import MissingExtra
 
@@ -110,9 +111,11 @@ def connect(ray: ModuleType, address: str) -> None:
 
 def start_local_ray(num_cpus: int | None = None) -> None:
     """Start a Ray instance for this process on this machine: every server bound to
-    127.0.0.1, no dashboard. A ``RuntimeError`` (and no instance) if Ray bound elsewhere."""
+    127.0.0.1, no dashboard, its processes in a session of their own
+    (:func:`ray_in_its_own_session`). A ``RuntimeError`` (and no instance) if Ray bound
+    elsewhere."""
     ray = require_ray()
-    with loopback_stays_loopback(True), _quiet(_TOKEN_NOTICE):
+    with loopback_stays_loopback(True), _quiet(_TOKEN_NOTICE), ray_in_its_own_session():
         ray.init(
             address=LOCAL_RAY,  # a new instance, even with RAY_ADDRESS set or another running
             num_cpus=num_cpus,
@@ -142,6 +145,33 @@ def _quiet(logger_name: str) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def ray_in_its_own_session() -> Iterator[None]:
+    """While active, each process Ray starts (``ray._private.services.start_ray_process``:
+    the GCS server, the raylet, the log monitor; the raylet's workers and agents are its
+    children) starts in a session of its own, out of reach of a signal to this process's
+    group (``kill -TERM -PGID``, ``timeout``, Slurm, systemd). Such a SIGTERM killed the
+    GCS under the driver, whose stop then hung for 60 s and exited 1 (``Failed to connect
+    to GCS``) before it had checkpointed. Only the driver gets it now: it stops the run as
+    SIGTERM to it alone does, then shuts Ray down. Ray already blocks SIGINT in these
+    processes, and a driver killed outright still takes them with it (``PR_SET_PDEATHSIG``,
+    Ray's fate sharing on Linux; Ray gives them a process group of their own on Windows
+    for the same reason)."""
+    from ray._private import services
+
+    popen = services.ConsolePopen
+
+    class OwnSessionPopen(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "start_new_session": True})
+
+    services.ConsolePopen = OwnSessionPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
 
 
 @contextlib.contextmanager

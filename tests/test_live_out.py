@@ -4,6 +4,7 @@ progress bar counts the whole run."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -16,7 +17,8 @@ from policies.records import StepStats
 from policies.results import RunResult
 from policies.spec import load_spec
 from policies.tracking import StepUpdate
-from runtime import launcher
+from runtime import launcher, live_run
+from runtime.recorder import DataPosition
 from runtime.run_dir import RunDir
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "live-tiny.yaml"
@@ -98,3 +100,26 @@ def test_a_resumed_runs_bar_counts_the_samples_of_the_whole_run(tmp_path, monkey
     _checkpointed(out, 3, samples_per_step=32)
     shown = _resumed_bar(out, monkeypatch, terminal=False)
     assert "4/6 128 samples" in " ".join(shown.split())  # not "4/6 32 samples"
+
+
+def test_a_resumed_live_run_says_so_on_the_console_at_the_default_level(tmp_path, monkeypatch):
+    """Before: ``resuming after step N`` went to run.log only (INFO): the console gave no
+    sign that the run resumed rather than started again."""
+    shown = io.StringIO()
+    monkeypatch.setattr(cli, "err_console", Console(file=shown, width=400))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.pt"
+    position = DataPosition(next_step=149, time_s=12.0, samples=[], spans=[], steps=[])
+    monkeypatch.setattr(live_run, "resume_position", lambda path, loaded: position)
+
+    class Trainer:
+        async def initialise(self, path: str) -> DataPosition:
+            return position
+
+    cli.setup_logging("WARNING")  # the default --log-level
+    try:
+        asyncio.run(live_run._start_position(Trainer(), ckpt, 200))
+    finally:
+        cli.setup_logging("WARNING")  # the console handler on the real console again
+    printed = " ".join(shown.getvalue().split())
+    assert f"resuming after step 148 of 200 from {ckpt}" in printed
+    assert "trainer loading the model" not in printed  # other INFO lines stay off it

@@ -80,6 +80,11 @@ def _row(out: Path, index: int) -> dict:
 # --- processes and sockets, from /proc --------------------------------------------------
 
 
+def _is_ray(command: str) -> bool:
+    """Ray's: gcs_server, raylet, its Python services, the agents and workers (``ray::``)."""
+    return command.startswith("ray::") or f"{os.sep}ray{os.sep}" in command
+
+
 def _point_tasks(pid: int) -> list[int]:
     """Processes below ``pid`` running a sweep point (a Ray worker inside point_task)."""
     return [p for p in descendants(pid) if cmdline(p).startswith(TASK_TITLE)]
@@ -89,9 +94,17 @@ def _point_tasks(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "terminated", "killed"]
-)
-def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_path, tmp_path, sig):
+    ("sig", "to_group"),
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGTERM, True),
+     (signal.SIGKILL, False)],
+    ids=["ctrl-c", "terminated", "group-terminated", "killed"],
+)  # fmt: skip
+def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(
+    spec_path, tmp_path, sig, to_group
+):
+    """``group-terminated``: SIGTERM to the command's whole process group, as ``timeout``,
+    Slurm or systemd send it, reaches the driver alone, not its Ray (which it killed under
+    the driver, whose stop then hung 60 s and exited 1: ``Failed to connect to GCS``)."""
     cmd = [*TANDEM, "sweep", str(spec_path), "--grid",
            f"run.iterations={LONG},{LONG + 1}", "--ray", "--workers", "2",
            "--out", str(tmp_path / "sweep")]  # fmt: skip
@@ -105,8 +118,8 @@ def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(spec_pa
     try:
         assert wait_until(lambda: len(_point_tasks(proc.pid)) == 2, 120), "no point started"
         started = [p for p in descendants(proc.pid) if alive(p)]  # Ray's servers too
-        os.kill(proc.pid, sig)
-        code = proc.wait(timeout=60)
+        (os.killpg if to_group else os.kill)(proc.pid, sig)  # the session's leader: its pgid
+        code = proc.wait(timeout=50)
         # SIGTERM exits as the shell's 128 + 15, not ray.init's handler's sys.exit(15)
         assert code == {signal.SIGINT: 130, signal.SIGTERM: 143}.get(sig, -signal.SIGKILL)
         # Ctrl-C, SIGTERM: the sweep cancels its tasks and shuts its Ray down; killed:
@@ -171,6 +184,17 @@ def test_the_local_ray_binds_every_server_to_127_0_0_1(ray_node):
     sockets = tcp_sockets([os.getpid(), *ray_pids])
     assert any(state == "0A" for state, _, _ in sockets)  # listening servers were found
     assert off_loopback([os.getpid(), *ray_pids]) == []
+
+
+def test_the_local_rays_processes_are_out_of_reach_of_a_signal_to_the_drivers_group(ray_node):
+    ray_pids = [p for p in descendants(os.getpid()) if _is_ray(cmdline(p))]
+    assert any("gcs_server" in cmdline(p) for p in ray_pids)
+    in_my_group = []
+    for p in ray_pids:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(p) == os.getpgrp():
+                in_my_group.append(cmdline(p)[:60])
+    assert in_my_group == []
 
 
 def test_a_ray_sweep_gives_the_local_sweeps_results_exactly(ray_node, spec_path, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import small_spec
 
+from experiments import run_cmd
 from experiments.cli import main
 from experiments.tracking import TensorBoardLogger, Tracker, tracker_for
 from policies.records import SampleRecord, Span, SpanKind, StepStats
@@ -233,7 +234,6 @@ def test_a_finished_live_run_run_again_writes_no_tracking(tmp_path, monkeypatch)
     """Re-running a finished live run into its --out shows its saved results
     (``experiments.live_out``); before, each time added a TensorBoard file of summary
     scalars at step 0 (and would open a new MLflow or W&B run)."""
-    from experiments import cli
     from experiments.specs import config_path
     from policies.spec import load_spec
     from runtime.run_dir import RunDir
@@ -247,7 +247,7 @@ def test_a_finished_live_run_run_again_writes_no_tracking(tmp_path, monkeypatch)
     (out / "spec.yaml").write_text(load_spec(config_path("streamrl-7b"), sets).to_yaml())
     RunDir(out).checkpoint.parent.mkdir()
     RunDir(out).checkpoint.write_bytes(b"")
-    monkeypatch.setattr(cli, "_execute", lambda *a, **k: pytest.fail("it ran again"))
+    monkeypatch.setattr(run_cmd, "execute", lambda *a, **k: pytest.fail("it ran again"))
     # a simulator's spec (groups of one): only the finished path is under test here
     monkeypatch.setattr("runtime.launcher.check_live_run", lambda *a, **k: None)
     assert main([*args, "--live", "--set", "run.tracking=tensorboard"]) == 0
