@@ -21,7 +21,9 @@ from proc_view import wait_until
 pytestmark = pytest.mark.live
 
 REPO = Path(__file__).resolve().parents[2]
-STOP_WITHIN_S = 45  # the old hang was 60 s; the stop itself takes seconds
+# a hang guard, not a timing claim: the old code exited 1 after its 60 s hang, with no
+# resume line, which the assertions below refuse; the stop itself takes seconds
+STOP_WITHIN_S = 180
 
 
 @pytest.mark.timeout(600)
