@@ -186,8 +186,17 @@ def test_the_local_ray_binds_every_server_to_127_0_0_1(ray_node):
     assert off_loopback([os.getpid(), *ray_pids]) == []
 
 
+def _started_by_ray(command: str) -> bool:
+    """A process Ray started: a ``ray::`` worker, or one whose program (a binary or script
+    of Ray's package) is among its first words. Not one that only mentions Ray's path
+    further on, as a multiprocessing forkserver's ``sys_path`` argument does."""
+    return command.startswith("ray::") or any(
+        f"{os.sep}ray{os.sep}" in word for word in command.split()[:3]
+    )
+
+
 def test_the_local_rays_processes_are_out_of_reach_of_a_signal_to_the_drivers_group(ray_node):
-    ray_pids = [p for p in descendants(os.getpid()) if _is_ray(cmdline(p))]
+    ray_pids = [p for p in descendants(os.getpid()) if _started_by_ray(cmdline(p))]
     assert any("gcs_server" in cmdline(p) for p in ray_pids)
     in_my_group = []
     for p in ray_pids:
