@@ -3,8 +3,8 @@
 Before its first request a run checks each attached server (:func:`check_attached`): that
 it answers, serves no other run (:mod:`runtime.lease`), is not busy in a join
 (:mod:`runtime.joining`), is not listed twice under two spellings, and takes the run's
-token and API key; at its end it releases them (:func:`release_attached`). The token and the key come
-from the spec or the environment, never from a file the run writes.
+token and API key; at its end it releases them (:func:`release_attached`). The token and
+the key come from the spec or the environment, never from a file the run writes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import httpx
 from policies.live_section import LiveSection
 from policies.spec import SpecError
 from runtime.errors import StartRefused
+from runtime.joining import joiner
 from runtime.procs import health_json
 from runtime.tasks import TaskSet, check_context
 
@@ -52,10 +53,10 @@ def check_attached(
     tasks: TaskSet | None = None, params: Shapes | None = None, timeout_s: float = 5.0,
 ) -> None:  # fmt: skip
     """Each server of ``live.server_urls`` answers ``/health``, serves no other run than
-    ``owner`` (runtime.lease) and is in no join (runtime.joining), takes ``token`` on its control routes and ``api_key`` on its
-    inference routes, or a :class:`StartRefused` naming the first that does not (before
-    the run waits on a weight group the server never joins). The token is tried with a GET
-    of ``/init_process_group``: past the guard that POST route answers 405, at it 401/403;
+    ``owner`` (runtime.lease) and is in no join (runtime.joining), takes ``token`` on its
+    control routes and ``api_key`` on its inference routes, or a :class:`StartRefused`
+    naming the first that does not (before the run waits on a weight group the server
+    never joins). The token is tried with a GET of ``/init_process_group``: past the guard that POST route answers 405, at it 401/403;
     the API key with ``GET /v1/models``, whose ``max_model_len`` must hold ``tasks``'
     longest prompt and answer (:func:`runtime.tasks.check_context`); and it serves a model
     with the parameters ``params`` (the trainer's ``model.path``): names and shapes. Two
@@ -146,13 +147,11 @@ def _check_free(name: str, state: dict, owner: str | None) -> None:
         )
 
 
-def _joiner(joiner: str | None, owner: str | None) -> str:
+def _joiner(sender: str | None, owner: str | None) -> str:
     """Who sent a join under way, as the refusal names it."""
-    if joiner is None:
-        return "a caller that gave no owner"
-    if joiner == owner:  # its run directory's: an earlier start stopped while it joined
-        return f"owner {joiner}, an earlier start of this run"
-    return f"owner {joiner}"
+    if sender is not None and sender == owner:  # an earlier start stopped while it joined
+        return f"{joiner(sender)}, an earlier start of this run"
+    return joiner(sender)
 
 
 def _shapes(answer: httpx.Response) -> Shapes:

@@ -41,11 +41,15 @@ class JoinUnderWay:
 
     def describe(self) -> str:
         """E.g. ``rank 1 of 2 for owner 3fa2…, ending within 104 s``."""
-        who = "a caller that gave no owner" if self.owner is None else f"owner {self.owner}"
         return (
-            f"rank {self.rank} of {self.world_size} for {who}, ending within "
+            f"rank {self.rank} of {self.world_size} for {joiner(self.owner)}, ending within "
             f"{self.ends_in_s():.0f} s"
         )
+
+
+def joiner(owner: str | None) -> str:
+    """Who sent a join, as refusals name it (``owner``: its run, runtime.lease)."""
+    return "a caller that gave no owner" if owner is None else f"owner {owner}"
 
 
 async def check_resolves(host: str, port: int) -> None:
