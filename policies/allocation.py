@@ -21,7 +21,11 @@ every slot is busy and a step decodes one token for each; the last requests admi
 drain as the batch shrinks (their lengths follow the workload's distribution, priced step
 by step with the cost model's decode time, so the longest sequence's tail counts).
 Generation time is thus continuous in the requests per instance, not a count of full
-waves. The iteration waits for the instance that holds the batch's longest request, so
+waves. A slot holds its sequence's KV, so an instance runs at most as many sequences as
+its KV cache holds (``StageModel.kv_cache``: the simulated engine's own cache,
+``sim.sequence.EngineKvCache``); the drain prefills again those it preempts
+(:mod:`policies.decode_estimate`, which prices both phases). The iteration waits for the
+instance that holds the batch's longest request, so
 the drain's lengths are quantiles spaced ``1 / slots`` apart from the batch's longest, at
 ``(B − ½) / B`` of ``B`` requests (the plotting position the quantiles use): more
 instances do not shorten the longest request. Before decoding, the engine prefills the
@@ -51,12 +55,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from typing import Protocol
 
 import numpy as np
 
 from policies.cluster import ClusterSection, GenerationPool
 from policies.data_parallel import busy_trainer_gpus, micro_batches_per_gpu
+from policies.decode_estimate import InstanceDecode
 from policies.protocols import CostModel, Device
 from policies.registry import Factories, Registry
 
@@ -84,6 +90,14 @@ class PrefillCost(Protocol):
         ...
 
 
+class KvCache(Protocol):
+    """The KV cache of a pool's instances, in tokens."""
+
+    def kv_tokens(self, pool: GenerationPool) -> int:
+        """Tokens of KV (prompts and outputs) one instance of ``pool`` holds."""
+        ...
+
+
 @dataclass(slots=True)
 class StageModel:
     """Per-iteration stage times of a batch, from a cost model and sampled lengths."""
@@ -97,52 +111,36 @@ class StageModel:
     step_cost: OptimizerStepCost | None = None  # None: forward and backward alone
     prefill: PrefillCost | None = None  # None: decode alone
     stages_overlap: bool = True  # False: an iteration takes T_gen + T_train in turn
+    kv_cache: KvCache | None = None  # None: an instance's KV cache holds any batch
 
     def generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
-        """Time for ``num_gpus`` of ``pool`` to prefill and generate one batch split evenly."""
+        """Time for ``num_gpus`` of ``pool`` to prefill and generate one batch split evenly
+        (:mod:`policies.decode_estimate`)."""
         instances = (num_gpus or pool.num_gpus) // pool.tp
         if instances <= 0:
             return math.inf
         per_instance = math.ceil(self.batch_size / instances)
         slots = min(per_instance, pool.max_num_seqs)
-        device = Device(pool.hardware, pool.tp)
-        decode_s = self._full_s(device, per_instance - slots, slots) + self._drain_s(device, slots)
-        return self._prefill_s(device, pool, per_instance) + decode_s
+        decode = self._instance_decode(pool)
+        decode_s = decode.full_s(per_instance - slots, slots)
+        decode_s += decode.drain_s(slots, self.batch_size)
+        return self._prefill_s(pool, per_instance, self.prompt_tokens) + decode_s
 
-    def _prefill_s(self, device: Device, pool: GenerationPool, num_prompts: int) -> float:
+    def _instance_decode(self, pool: GenerationPool) -> InstanceDecode:
+        """Decoding on an instance of ``pool``: its KV cache (``kv_cache``) and the prefill
+        that recomputes what it preempts (``prefill``)."""
+        kv_tokens = None if self.kv_cache is None else self.kv_cache.kv_tokens(pool)
+        recompute = None if self.prefill is None else partial(self._prefill_s, pool)
+        device = Device(pool.hardware, pool.tp)
+        return InstanceDecode(
+            self.cost, device, self.prompt_tokens, self.output_tokens, kv_tokens, recompute
+        )
+
+    def _prefill_s(self, pool: GenerationPool, num_prompts: int, prompt_tokens: float) -> float:
         if self.prefill is None:
             return 0.0
-        budget = pool.max_num_batched_tokens
-        return self.prefill.prefill_s(device, num_prompts, self.prompt_tokens, budget)
-
-    def _full_s(self, device: Device, num_queued: int, slots: int) -> float:
-        """Decode the tokens of ``num_queued`` requests that wait for a slot (continuous
-        batching: each takes the slot of one that finished, so every slot stays busy
-        until the queue is empty). A slot then holds a length-biased sequence, of mean
-        context ``prompt + E[L²] / (2 E[L])``, as ``experiments.reproduce.analytic``."""
-        if num_queued <= 0:
-            return 0.0
-        lengths = np.asarray(self.output_tokens, float)
-        mean_tokens = float(lengths.mean())
-        per_slot = self.prompt_tokens + float((lengths**2).mean()) / (2 * mean_tokens)
-        steps = num_queued * mean_tokens / slots
-        return steps * self.cost.decode_step_s(device, slots, int(slots * per_slot))
-
-    def _drain_s(self, device: Device, batch: int) -> float:
-        """Generate ``batch`` sequences admitted together: the batch shrinks as they finish.
-        Their lengths are those of the instance holding the batch's longest request."""
-        top = 1 - 0.5 / max(batch, self.batch_size)  # the longest of the whole batch
-        qs = np.quantile(np.asarray(self.output_tokens, float), top - np.arange(batch) / batch)
-        lengths = np.sort(np.maximum(1, np.round(qs)).astype(int))
-        total, done = 0.0, 0
-        for j, length in enumerate(lengths):
-            steps = int(length) - done
-            if steps > 0:
-                running = batch - j
-                context = int(running * (self.prompt_tokens + (done + length) / 2))
-                total += steps * self.cost.decode_step_s(device, running, context)
-                done = int(length)
-        return total
+        device, budget = Device(pool.hardware, pool.tp), pool.max_num_batched_tokens
+        return self.prefill.prefill_s(device, num_prompts, prompt_tokens, budget)
 
     def training_s(self, hardware: str, num_gpus: int) -> float:
         """One optimizer step of one batch on ``num_gpus``: its forward and backward

@@ -21,7 +21,7 @@ from sim.comm import GPUS_PER_MACHINE
 from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
 from sim.kv_cache import blocks_for
 from sim.prefill_cost import ChunkedPrefill
-from sim.sequence import engine_limits
+from sim.sequence import EngineKvCache, engine_limits
 from sim.step_cost import StepCost
 from sim.trained_model import TrainedModel
 from sim.workload import Workload
@@ -76,6 +76,7 @@ def resolve_cluster(
         min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
         step_cost=StepCost.of(spec, cost),
         prefill=ChunkedPrefill(cost),
+        kv_cache=EngineKvCache(cost.kv_capacity_tokens),
         stages_overlap=mode.stages_overlap(
             mode.staleness_bound(spec.pipeline.max_lag, spec.pipeline.steps_per_generation)
         ),

@@ -10,11 +10,12 @@ of identical decode steps costs nothing per sequence.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from policies.cluster import GenerationPool
+from policies.protocols import Device
 from policies.records import FinishReason, Request
 
 
@@ -66,6 +67,20 @@ def engine_limits(pool: GenerationPool, kv_capacity_tokens: int) -> EngineLimits
         enable_prefix_caching=pool.enable_prefix_caching,
         scheduling_policy=pool.scheduling_policy,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKvCache:
+    """The KV cache the simulated engine of a pool's instance gets (:func:`engine_limits`
+    from the cost model's ``kv_capacity_tokens``), in tokens (satisfies
+    ``policies.allocation.KvCache``)."""
+
+    kv_capacity_tokens: Callable[[Device], int]  # the cost model's
+
+    def kv_tokens(self, pool: GenerationPool) -> int:
+        device = Device(pool.hardware, pool.tp)
+        limits = engine_limits(pool, self.kv_capacity_tokens(device))
+        return limits.num_blocks * limits.block_size
 
 
 @dataclass(slots=True, eq=False)
