@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from types import ModuleType
@@ -21,6 +22,7 @@ LOCAL_RAY = "local"  # --ray without an address: a Ray instance of the command's
 LOOPBACK = "127.0.0.1"
 RAY_INSTALL_HINT = "pip install 'tandem-rl[ray]'"
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+logger = logging.getLogger(__name__)
 
 
 def require_ray() -> ModuleType:
@@ -147,6 +149,13 @@ def _quiet(logger_name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
+OWN_SESSION_LOST = (
+    "Ray %s has no ray._private.services.ConsolePopen (tandem pins ray==2.60.0): its "
+    "processes stay in this command's process group, so a SIGTERM to the group (timeout, "
+    "Slurm, systemd) reaches them and the run may stop without its checkpoint"
+)
+
+
 @contextlib.contextmanager
 def ray_in_its_own_session() -> Iterator[None]:
     """While active, each process Ray starts (``ray._private.services.start_ray_process``:
@@ -159,9 +168,18 @@ def ray_in_its_own_session() -> Iterator[None]:
     processes, and a driver killed outright still takes them with it (``PR_SET_PDEATHSIG``,
     Ray's fate sharing on Linux; Ray gives them a process group of their own on Windows
     for the same reason)."""
-    from ray._private import services
+    import ray
 
-    popen = services.ConsolePopen
+    try:
+        from ray._private import services
+    except ImportError:
+        services = None
+    popen = getattr(services, "ConsolePopen", None)
+    if not (isinstance(popen, type) and issubclass(popen, subprocess.Popen)):
+        # a private class of the pinned Ray (2.60): another Ray still starts, as before
+        logger.warning(OWN_SESSION_LOST, ray.__version__)
+        yield
+        return
 
     class OwnSessionPopen(popen):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
