@@ -11,6 +11,7 @@ from policies.resources import TRAINER, instance_of, is_generation
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from policies.results import RunResult, write_atomic  # noqa: E402
@@ -57,11 +58,7 @@ def timeline(result: RunResult, path: Path, max_resources: int = 48) -> Path:
     """Gantt chart of every resource: bubbles are the white gaps and grey idle spans; a live
     run's CPU timeline below it (the cores each role used)."""
     spans = result.spans_frame()
-    names = _resource_order(list(spans["resource"]))
-    if len(names) > max_resources:  # keep the trainer, links and the first instances
-        gens = [n for n in names if is_generation(n)]
-        keep = set(names) - set(gens[max_resources:])
-        names = [n for n in names if n in keep]
+    names, shown = shown_resources(_resource_order(list(spans["resource"])), max_resources)
     height = 1.5 + 0.28 * len(names)
     if result.cpu_timeline:
         fig, (ax, cpu_ax) = plt.subplots(
@@ -77,7 +74,8 @@ def timeline(result: RunResult, path: Path, max_resources: int = 48) -> Path:
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.invert_yaxis()
     title = f"{result.spec.run.name}: {result.spec.pipeline.mode}"
-    ax.set_title(f"{title} — {result.metrics['throughput_samples_per_s']:.3g} samples/s")
+    rate = f"{result.metrics['throughput_samples_per_s']:.3g} samples/s"
+    ax.set_title(f"{title} — {rate}" + (f"\n{shown}" if shown else ""))
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLORS.values()]
     ax.legend(handles, KIND_COLORS.keys(), loc="upper right", fontsize=7, ncol=6)
     if result.cpu_timeline:
@@ -87,6 +85,20 @@ def timeline(result: RunResult, path: Path, max_resources: int = 48) -> Path:
         ax.set_xlabel("time since run start (s)")
     save_figure(fig, path)
     return path
+
+
+def shown_resources(names: list[str], max_resources: int) -> tuple[list[str], str]:
+    """The rows a timeline draws: every resource but generation instances beyond
+    ``max_resources``, which are thinned to ``max_resources`` spread evenly over them (the
+    first instances alone would show only one dispatch group: ``skewness-aware`` puts the
+    long tail first); and a note saying so (empty when every instance is drawn)."""
+    gens = [n for n in names if is_generation(n)]
+    if len(gens) <= max_resources:
+        return names, ""
+    picks = np.unique(np.linspace(0, len(gens) - 1, max_resources).round().astype(int))
+    keep = {gens[i] for i in picks}
+    rows = [n for n in names if not is_generation(n) or n in keep]
+    return rows, f"{len(picks)} of {len(gens)} generation instances shown, evenly spaced"
 
 
 def cpu_panel(ax: plt.Axes, cpu: pd.DataFrame) -> None:
