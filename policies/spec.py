@@ -106,6 +106,9 @@ class ModelSection(_Section):
         None, description="sim: a Hugging Face config.json (or its directory) giving the shape"
     )
     shape: ModelShape | None = Field(None, description="sim: the model's shape, inline")
+    shape_source: str | None = Field(
+        None, description="where shape came from: a run's record of its model.config"
+    )
 
     @model_validator(mode="after")
     def _one_shape(self) -> ModelSection:

@@ -223,14 +223,31 @@ def model_for(section: ModelSection) -> Model:
     if section.shape is not None:
         return model_from_shape(section.name, section.shape)
     if section.config is not None:
-        path = Path(section.config)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            config = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"model.config: {path} does not exist") from None
-        except json.JSONDecodeError as err:
-            raise ValueError(f"model.config: {path} is not JSON ({err})") from None
-        return model_from_shape(section.name, shape_from_hf_config(config))
+        return model_from_shape(section.name, shape_from_hf_config(_read_config(section.config)))
     return model(section.name)
+
+
+def resolved_model(section: ModelSection) -> ModelSection:
+    """The section a run records: a ``model.config`` replaced by the shape it gave and the
+    file it came from (``shape_source``), so the saved spec says what ran and reruns
+    without the file."""
+    if section.config is None:
+        return section
+    shape = shape_from_hf_config(_read_config(section.config))
+    source = str(_config_file(section.config).resolve())
+    return section.model_copy(update={"config": None, "shape": shape, "shape_source": source})
+
+
+def _config_file(config: str) -> Path:
+    path = Path(config)
+    return path / "config.json" if path.is_dir() else path
+
+
+def _read_config(config: str) -> dict[str, Any]:
+    path = _config_file(config)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"model.config: {path} does not exist") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"model.config: {path} is not JSON ({err})") from None

@@ -68,6 +68,7 @@ from sim.cluster import kv_too_small, resolve_cluster
 from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.links import Links
+from sim.models import resolved_model
 from sim.pushes import WeightPushes
 from sim.run_loop import few_collections, run_until_done, stall_report
 from sim.scheduler import SequenceTooLong
@@ -144,7 +145,8 @@ class _World:
         allocation = build_allocation(spec)
         self.mode = mode_of(spec)
         self.cluster = resolve_cluster(spec, self.mode, self.cost, self.workload, allocation)
-        self.spec = spec.model_copy(update={"cluster": self.cluster})
+        model = resolved_model(spec.model)
+        self.spec = spec.model_copy(update={"cluster": self.cluster, "model": model})
         self.colocated = self.mode.colocated
         self._fast_forward = fast_forward
         self._on_step = on_step

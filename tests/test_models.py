@@ -98,6 +98,14 @@ def test_a_simulation_runs_on_a_model_given_by_its_config(tmp_path):
     result = Simulation(spec).run()
     assert result.metrics["num_samples_trained"] == spec.run.iterations * spec.algorithm.batch_size
     assert build_cost_model(spec).weight_bytes == pytest.approx(2 * 6.74e9, rel=0.01)
+    # the spec the run records holds the shape that ran and where it came from, so it
+    # reruns alike without the file
+    recorded = result.spec.model
+    assert recorded.config is None and recorded.shape_source == str(path.resolve())
+    assert recorded.shape == shape_from_hf_config(LLAMA2_7B_CONFIG)
+    path.unlink()
+    again = Simulation(spec.model_copy(update={"model": recorded})).run()
+    assert again.metrics["throughput_samples_per_s"] == result.metrics["throughput_samples_per_s"]
 
 
 def test_the_live_model_in_the_simulator_says_to_add_live():
