@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.reproduce.pipelinerl import QUICK, max_lag_verdict
-from experiments.reproduce.report import PACKAGE_ROOT, git_commit
+from experiments.reproduce.report import PACKAGE_ROOT, git_commit, max_verdict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,3 +100,17 @@ def test_the_reports_cite_the_papers_not_files_outside_the_repository() -> None:
         assert "shared/" not in text and paper in text
     for report in ("streamrl", "pipelinerl"):
         assert "shared/data" not in (REPO / "docs" / "reports" / report / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("ours", "published", "verdict"),
+    [
+        ([1.0, 1.07], 1.25, "we disagree (ours lower)"),  # overlaps [1, 1.25], falls short
+        ([1.05, 1.2], 1.25, "consistent (largest within 10%)"),
+        ([1.29, 1.63], 1.33, "we disagree (ours higher)"),  # overlaps 1.23-1.33, overshoots
+    ],
+)
+def test_an_up_to_claim_is_judged_by_our_largest(
+    ours: list[float], published: float, verdict: str
+) -> None:
+    assert max_verdict(ours, published) == verdict

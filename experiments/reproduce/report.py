@@ -171,6 +171,21 @@ def ratio_range(values: list[float]) -> str:
     return f"{lo:.2f}×" if math.isclose(lo, hi, rel_tol=5e-3) else f"{lo:.2f}–{hi:.2f}×"
 
 
+MAX_TOLERANCE = 0.10  # an "up to X" claim: our largest within 10 % of X
+
+
+def max_verdict(ours: list[float], published_max: float) -> str:
+    """An "up to X" claim: ``consistent`` when our largest lies within
+    :data:`MAX_TOLERANCE` of X, else which side we fall (a range that merely overlaps
+    ``[1, X]`` says nothing about the largest gain)."""
+    hi = max(ours)
+    if hi < published_max * (1 - MAX_TOLERANCE):
+        return "we disagree (ours lower)"
+    if hi > published_max * (1 + MAX_TOLERANCE):
+        return "we disagree (ours higher)"
+    return f"consistent (largest within {MAX_TOLERANCE:.0%})"
+
+
 def range_verdict(ours: list[float], published_lo: float, published_hi: float) -> str:
     """``consistent`` when our range overlaps the published one, else which side we fall."""
     lo, hi = min(ours), max(ours)
