@@ -4,7 +4,9 @@ Measured on the finished samples that went out with a prediction, iteration by
 iteration (dispatch ranks the samples of one batch against each other), then averaged
 over the iterations: ``ranker_spearman``, ``ranker_recall_20`` / ``_10`` / ``_5``
 (tie-aware recall of the longest 20 / 10 / 5 %, :mod:`ranker.evaluate`). Also
-``ranker_predicted_share`` (a live ranker predicts nothing until its first refit lands)
+``ranker_predicted_share`` (a live ranker predicts nothing until its first refit lands),
+``ranker_recurring_share`` (predicted samples whose prompt an earlier iteration had: only
+those can the ranker's history know)
 and ``ranker_source``: how the ranker was obtained, in words (a file, or the fit).
 """
 
@@ -29,6 +31,7 @@ RANKER_METRICS = (
     "ranker_source",
     *(f"ranker_{f}" for f in QUALITY_FIELDS),
     "ranker_predicted_share",
+    "ranker_recurring_share",
     "ranker_num_iterations",
 )
 
@@ -49,8 +52,18 @@ def rank_quality(samples: pd.DataFrame) -> dict[str, float | int | None]:
         values = [getattr(m, field) for m in per_iteration if not math.isnan(getattr(m, field))]
         out[f"ranker_{field}"] = float(np.mean(values)) if values else None
     out["ranker_predicted_share"] = len(predicted) / len(done) if len(done) else None
+    out["ranker_recurring_share"] = _recurring_share(predicted, samples)
     out["ranker_num_iterations"] = len(per_iteration)
     return out
+
+
+def _recurring_share(predicted: pd.DataFrame, samples: pd.DataFrame) -> float | None:
+    """Of the predicted samples, the share whose prompt a sample of an earlier iteration
+    had: the ranker's history (its strongest signal) can know only those prompts."""
+    if predicted.empty:
+        return None
+    first = samples.groupby("prompt_id")["iteration"].min()
+    return float((predicted["iteration"] > predicted["prompt_id"].map(first)).mean())
 
 
 def record_ranker_quality(result: RunResult, source: str, metrics_dir: Path | None = None) -> None:
@@ -81,10 +94,17 @@ def brief(quality: dict[str, Any]) -> str:
     """``describe`` in one short line, for ``tandem run``'s summary."""
     if quality["ranker_num_iterations"] == 0:
         return "ranker: nothing to measure (no iteration with two predicted samples)"
-    return (
+    line = (
         f"ranker: Spearman {_fmt(quality['ranker_spearman'])}, recall of the longest 20 % "
         f"{_fmt(quality['ranker_recall_20'])} (more in run.log)"
     )
+    recurring = quality.get("ranker_recurring_share")
+    if recurring is not None and recurring < 0.5:
+        line += (
+            f"; only {recurring:.0%} of its prompts had come up in an earlier iteration, "
+            "so it ranked mostly without their history (its strongest signal)"
+        )
+    return line
 
 
 def _fmt(value: float | None) -> str:
