@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from runtime.engine_watch import STALL_S, EngineWatch
-from runtime.joining import JoinUnderWay, check_resolves, join_limit_s
+from runtime.joining import JOIN_CONNECT_S, JoinUnderWay, check_resolves, join_limit_s
 from runtime.prompt_cache import ServedWeights, VersionHistory, install_salting, prompt_version
 from runtime.weight_sync import DTYPES, BucketDigest, ParamMeta, plan_buckets
 
@@ -179,8 +179,11 @@ class ServerControl:
     def __init__(
         self, engine, manifest: dict[str, tuple[tuple[int, ...], str]],
         served_dtype: str = "float32", bind_host: str | None = None, stall_s: float = STALL_S,
+        join_connect_s: float = JOIN_CONNECT_S,
     ) -> None:  # fmt: skip
+        """``join_connect_s``: a join's master must answer within this (runtime.joining)."""
         self.engine = engine
+        self.join_connect_s = join_connect_s
         self.manifest = manifest
         self.served_dtype = served_dtype
         self.bind_host = bind_host  # where the worker's gloo sockets listen
@@ -235,7 +238,9 @@ class ServerControl:
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
         owner: str | None = None,
     ) -> None:  # fmt: skip
-        """Join (or re-create) the weight group; the worker gives up after ``timeout_s``.
+        """Join (or re-create) the weight group: the worker gives up if the master does not
+        answer within ``join_connect_s`` (at most ``timeout_s``), or if the group has not
+        formed within ``timeout_s`` more (runtime.joining).
 
         A second join while one is under way is refused (409) naming the first and when it
         ends: queued behind the first, it kept the group from forming (the first waits for
@@ -247,8 +252,9 @@ class ServerControl:
                 ": it takes one join at a time (a join whose caller went away runs to its end "
                 "too), and a server joins a run's group once", 409,
             )  # fmt: skip
-        args = (host, port, rank, world_size, backend, timeout_s, self.bind_host)
-        limit_s = join_limit_s(timeout_s)
+        connect_s = min(self.join_connect_s, timeout_s)
+        args = (host, port, rank, world_size, backend, timeout_s, self.bind_host, connect_s)
+        limit_s = join_limit_s(timeout_s, connect_s)
         # an update loading now holds the worker first: this join may end that much later
         waits_s = max(0.0, self._busy_until - time.monotonic())
         self.joining = JoinUnderWay(rank, world_size, owner, time.monotonic() + waits_s + limit_s)

@@ -1,30 +1,49 @@
 """A generation server's join of a weight group: how long it may take, its checks, and
 the record of a join under way.
 
-A join occupies the server's model worker until it succeeds or gives up
-(:func:`join_limit_s`): a caller that disconnects does not cancel it, and a second join
-meanwhile is refused (409). So a stray or aborted ``/init_process_group`` (one whose
-master never answers) blocks the server for up to that limit; ``/health`` says so
-(:class:`JoinUnderWay`), and a run attaching to the server is refused at once, naming it
-(``runtime.attach.check_attached``), instead of failing after its trainer loaded.
+A join occupies the server's model worker until it succeeds or gives up: a caller that
+disconnects does not cancel it, and a second join meanwhile is refused (409), naming it
+on ``/health`` too (:class:`JoinUnderWay`; a run attaching to the server is refused at
+once, ``runtime.attach.check_attached``). It has two deadlines
+(:mod:`runtime.weight_group`): reaching the master (rank 0's store) within ``connect_s``
+(``TANDEM_JOIN_CONNECT_S``, default ``JOIN_CONNECT_S``), so that a stray or aborted
+``/init_process_group`` whose master never answers frees the server within seconds; then
+the group's rendezvous within the join's ``timeout_s``, which is also the group's
+collective timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from dataclasses import dataclass
 
 RESOLVE_LIMIT_S = 10.0  # a name server that does not answer: refused, not waited on
+# a join's master must answer within this (a trainer listens before it posts the join;
+# one that posts first has this long to listen); at most the join's timeout_s
+JOIN_CONNECT_S = 10.0
+JOIN_CONNECT_ENV = "TANDEM_JOIN_CONNECT_S"  # read by the server; default JOIN_CONNECT_S
 
 
-def join_limit_s(timeout_s: float) -> float:
-    """The longest a worker's join may take: gloo's store client tries to connect twice,
-    each for up to ``timeout_s``, with a back-off below ``timeout_s`` between (a port where
-    nothing listens, timeout 3 s: 5.5 s idle, over 8 s on a busy machine), then the
-    group's rendezvous may take ``timeout_s`` more."""
-    return 3 * timeout_s + 5.0
+def join_connect_s_from_env() -> float:
+    """``TANDEM_JOIN_CONNECT_S`` as a positive number of seconds (default ``JOIN_CONNECT_S``)."""
+    raw = os.environ.get(JOIN_CONNECT_ENV) or str(JOIN_CONNECT_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 86_400:
+        raise ValueError(f"{JOIN_CONNECT_ENV}={raw!r}: expected seconds > 0 (at most a day)")
+    return value
+
+
+def join_limit_s(timeout_s: float, connect_s: float) -> float:
+    """The longest a worker's join may take: reaching the master within ``connect_s``,
+    then gloo's rendezvous, which waits up to ``timeout_s`` for every rank's address and
+    then connects to each (up to ``timeout_s`` more), plus 5 s of slack."""
+    return connect_s + 2 * timeout_s + 5.0
 
 
 @dataclass(slots=True, frozen=True)

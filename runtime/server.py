@@ -62,7 +62,7 @@ from runtime.engine_proc import (
 from runtime.engine_watch import stall_s_from_env
 from runtime.guard import Guard, GuardPolicy
 from runtime.http_pool import SERVER_KEEP_ALIVE_S
-from runtime.joining import JoinUnderWay
+from runtime.joining import JoinUnderWay, join_connect_s_from_env
 from runtime.lease import LeaseHeld, RunLease, lease_s_from_env
 from runtime.lifetime import exit_without_finalizing
 from runtime.procs import ENGINE_CORES_ENV, ENGINE_NICE_ENV, die_with_parent, reap_forks_with_parent
@@ -242,8 +242,9 @@ async def _serve(args: argparse.Namespace, policy: GuardPolicy) -> None:
         app = build_app(args, tasks, engine.model_config)
         served_dtype = str(engine.model_config.dtype).removeprefix("torch.")
         control = ServerControl(
-            engine, checkpoint_manifest(args.model), served_dtype, args.host, stall_s_from_env()
-        )
+            engine, checkpoint_manifest(args.model), served_dtype, args.host, stall_s_from_env(),
+            join_connect_s_from_env(),
+        )  # fmt: skip
         control.salt_requests()  # prompt KV is shared within one weight version only
         mount_contract(app, control, policy)
         await init_app_state(engine, app.state, args, tasks)

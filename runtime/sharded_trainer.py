@@ -36,7 +36,8 @@ from policies.records import StepStats
 from runtime.loss import clipped_mask, ess_from_sums
 from runtime.sharded_checkpoint import ShardedCheckpointInfo, load_dcp, save_dcp
 from runtime.trainer import Trainer, TrainerConfig, TrainItem, _StepAccumulator, token_logprobs
-from runtime.weight_sync import master_store, params_meta
+from runtime.weight_group import master_store
+from runtime.weight_sync import params_meta
 
 GROUP_TIMEOUT_S = 300.0
 LOOPBACK_HOSTS = (

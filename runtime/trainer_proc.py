@@ -96,6 +96,9 @@ class TrainerWorker:
              "backend": backend, "timeout_s": JOIN_TIMEOUT_S, "owner": s.owner}
             for i, s in enumerate(servers)
         ]  # fmt: skip
+        # listening before the servers are asked: each gives up on a master that does not
+        # answer within seconds (runtime.joining.JOIN_CONNECT_S)
+        self.trainer.sender.listen(host, port, world, JOIN_TIMEOUT_S)
         threads, out = fan_out(
             self.http, servers, "/init_process_group", bodies, JOIN_TIMEOUT_S + 30
         )

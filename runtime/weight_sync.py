@@ -2,7 +2,8 @@
 
 A second process group beside vLLM's own, built directly from a ``TCPStore``
 (``ProcessGroupGloo`` on CPU, ``ProcessGroupNCCL`` on GPU) without touching the default
-group. Tensors travel in checkpoint layout (Hugging Face names and shapes) in the order
+group (:mod:`runtime.weight_group`: a server gives up on a master that does not answer
+within seconds). Tensors travel in checkpoint layout (Hugging Face names and shapes) in the order
 the update request lists them, packed into flat *buckets*: consecutive tensors of one
 dtype, up to ``BUCKET_BYTES`` each, one broadcast per bucket (one in all for a small
 model). Both sides derive the same buckets from the metadata (:func:`plan_buckets`) and
@@ -30,7 +31,6 @@ request, not inside the pause.
 from __future__ import annotations
 
 import hashlib
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -39,6 +39,8 @@ from datetime import timedelta
 import torch
 
 from runtime.direct_load import load_into
+from runtime.joining import JOIN_CONNECT_S
+from runtime.weight_group import make_group, master_store
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BUCKET_BYTES = 512 * 2**20  # at most this many bytes per broadcast
@@ -122,57 +124,6 @@ def tensor_checksum(t: torch.Tensor) -> tuple[float, float]:
     return float(x.sum()), float((x * x).sum())
 
 
-def master_store(host: str, port: int, world_size: int, timeout: timedelta):
-    """Rank 0's ``TCPStore``, listening on ``host`` only (TCPStore's own socket listens on
-    every interface whatever host it is given)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return torch.distributed.TCPStore(
-        host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
-        master_listen_fd=sock.detach(),
-    )  # fmt: skip
-
-
-def _gloo_options(bind_host: str | None, timeout: timedelta):
-    options = torch.distributed.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    if bind_host and bind_host not in ("0.0.0.0", "::", ""):
-        options._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=bind_host)]
-    else:
-        options._devices = [torch.distributed.ProcessGroupGloo.create_default_device()]
-    return options
-
-
-def make_group(
-    host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
-    bind_host: str | None = None,
-) -> torch.distributed.ProcessGroup:  # fmt: skip
-    """Join the weight group (rank 0 hosts its store on ``host``); blocks until every rank
-    has joined. Gloo's own sockets listen on ``bind_host`` (rank 0: ``host``)."""
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}")
-    timeout = timedelta(seconds=timeout_s)
-    if rank == 0:
-        store = master_store(host, port, world_size, timeout)
-        bind_host = host if bind_host is None else bind_host
-    else:
-        store = torch.distributed.TCPStore(
-            host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False
-        )
-    if backend == "nccl":
-        return torch.distributed.ProcessGroupNCCL(store, rank, world_size)
-    return torch.distributed.ProcessGroupGloo(
-        store, rank, world_size, _gloo_options(bind_host, timeout)
-    )
-
-
 def start_broadcast(
     group: torch.distributed.ProcessGroup, tensor: torch.Tensor, timeout_s: float | None = None
 ) -> torch.distributed.Work:
@@ -220,12 +171,22 @@ class WeightSender:
 
     def __init__(self) -> None:
         self._group: torch.distributed.ProcessGroup | None = None
+        self._store: torch.distributed.TCPStore | None = None  # listening, not yet joined
         self.device = torch.device("cpu")
         self._buffers = FlatBuffers()
 
+    def listen(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Open the group's store before the servers are asked to join, so that they reach
+        it at once (they give up on a master that does not answer within seconds)."""
+        self._store = None  # a store left by a join that never happened closes first
+        self._store = master_store(host, port, world_size, timedelta(seconds=timeout_s))
+
     def join(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> None:
+        """Host the group (on the store :meth:`listen` opened, if it did) and wait for
+        every rank."""
         self._group = None  # a new group replaces the old one (its sockets close)
-        self._group = make_group(host, port, 0, world_size, backend, timeout_s)
+        store, self._store = self._store, None
+        self._group = make_group(host, port, 0, world_size, backend, timeout_s, store=store)
         self.device = torch.device("cuda" if backend == "nccl" else "cpu")
 
     def leave(self) -> None:
@@ -323,12 +284,16 @@ class WeightReceiver:
 
     def tandem_join(
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
-        bind_host: str | None = None,
+        bind_host: str | None = None, connect_s: float = JOIN_CONNECT_S,
     ) -> dict:  # fmt: skip
-        """Join (or re-create) the weight group: ``{}``, else ``{"failure": why}``, not raised."""
+        """Join (or re-create) the weight group: ``{}``, else ``{"failure": why}``, not raised.
+        A master that does not answer within ``connect_s`` fails it then
+        (:func:`runtime.weight_group.connect_store`)."""
         self.tandem_group = None  # the previous group (if any) closes first
         try:
-            group = make_group(host, port, rank, world_size, backend, timeout_s, bind_host)
+            group = make_group(
+                host, port, rank, world_size, backend, timeout_s, bind_host, connect_s
+            )
             self.tandem_group = group
         except Exception as err:  # noqa: BLE001 - the answer says why
             return {"failure": " ".join(f"{type(err).__name__}: {err}".split())}

@@ -60,7 +60,7 @@ def test_an_engine_busy_in_a_join_is_not_stalled_until_past_the_joins_own_time(m
     import runtime.control
 
     monkeypatch.setattr(runtime.control, "BUSY_GRACE_S", 0.0)
-    monkeypatch.setattr(runtime.control, "join_limit_s", lambda timeout_s: timeout_s)
+    monkeypatch.setattr(runtime.control, "join_limit_s", lambda timeout_s, connect_s: timeout_s)
 
     async def scenario() -> None:
         engine = _Engine()
@@ -229,7 +229,7 @@ def test_a_join_under_way_is_on_health_with_its_end_and_a_second_join_is_told_wh
             health = (await client.get("/health")).json()
             assert health["status"] == "ok" and re.fullmatch("[0-9a-f]{16}", health["server_id"])
             pending = health["joining"]
-            assert pending.pop("ends_in_s") == pytest.approx(join_limit_s(60.0), abs=30)
+            assert pending.pop("ends_in_s") == pytest.approx(join_limit_s(60.0, 10.0), abs=30)
             assert pending == {"rank": 1, "world_size": 2, "owner": "stray"}
             second = await client.post("/init_process_group", json={**join, "owner": "run"})
             assert second.status_code == 409

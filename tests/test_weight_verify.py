@@ -18,13 +18,8 @@ import torch
 
 from runtime.control import UpdateRejected, check_digests, check_metas
 from runtime.procs import free_port
-from runtime.weight_sync import (
-    BucketDigest,
-    WeightReceiver,
-    WeightSender,
-    make_group,
-    params_meta,
-)
+from runtime.weight_group import make_group
+from runtime.weight_sync import BucketDigest, WeightReceiver, WeightSender, params_meta
 
 
 def _named(n: int = 21) -> list[tuple[str, torch.Tensor]]:
