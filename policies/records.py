@@ -86,6 +86,18 @@ class Completion:
 
 
 @dataclass(slots=True)
+class Discarded:
+    """Work ``abort-resubmit`` weight updates threw away (on one instance, or a run's)."""
+
+    num_requests: int = 0  # running requests aborted (one aborted twice counts twice)
+    num_output_tokens: int = 0  # output tokens they had decoded (then decoded again)
+
+    def add(self, num_requests: int, num_output_tokens: int) -> None:
+        self.num_requests += num_requests
+        self.num_output_tokens += num_output_tokens
+
+
+@dataclass(slots=True)
 class InstanceView:
     """What a policy may see of a generation instance."""
 

@@ -16,6 +16,15 @@ generation instances and the trainer):
 * ``mean_staleness`` / ``max_staleness`` — ``version_trained − version_prompt`` over trained
   samples: from the oldest weights a sample depends on, those its prompt KV was computed
   with (``version_start`` unless the sample waited in an engine's queue across an update).
+  A request an ``abort-resubmit`` update aborted starts again on the new weights: its
+  ``version_start`` is that of its last (kept) generation, which is the one it trains on.
+* ``aborted_requests`` / ``discarded_tokens`` (simulated) — the work ``abort-resubmit``
+  threw away: requests aborted (one aborted twice counts twice) and the output tokens
+  they had decoded. ``throughput_tokens_per_s`` counts only the kept tokens, while
+  ``generation_utilization`` includes the time spent decoding the discarded ones.
+* ``cost_normalized_throughput`` (simulated) — throughput over the run's GPU cost averaged
+  over the run: each instance's GPUs priced while held, from the start or its scale-out
+  to its retirement or the end (``sim.gpu_cost``); a fixed cluster's is its cost.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any
 from policies.breakdown import with_breakdown
 from policies.cluster import ClusterSection
 from policies.intervals import Interval, complement, intersect_length, length, merged
-from policies.records import SampleRecord, Span, SpanKind
+from policies.records import Discarded, SampleRecord, Span, SpanKind
 from policies.resources import TRAINER
 from policies.spec import RunSpec
 from policies.trace import trace_json
@@ -71,11 +80,18 @@ METRICS: tuple[Metric, ...] = (
     Metric("max_staleness", "largest version_trained − version_start"),
     Metric("num_samples_generated", "samples whose generation finished", in_summary=False),
     Metric("num_samples_trained", "samples an optimizer step trained"),
-    Metric("cost_normalized_throughput", f"{COST_NORMALIZED_UNIT}; sim only"),
+    Metric(
+        "cost_normalized_throughput",
+        f"{COST_NORMALIZED_UNIT}, each GPU priced while held (elastic: added to retired); sim only",
+    ),
     Metric("generation_time_s", "mean per-iteration first dispatch to last completion"),
     Metric("iteration_time_s", "run time per optimizer step"),
     Metric("makespan_s", "the run's end time", in_summary=False),
-    Metric("num_generation_instances", "instances that ever existed", in_summary=False),
+    Metric(
+        "num_generation_instances",
+        "instances that ever existed (elastic: the added and retired ones too)",
+        in_summary=False,
+    ),
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
 SUMMARY_METRICS = tuple(m.name for m in METRICS if m.in_summary)
@@ -83,9 +99,19 @@ SUMMARY_METRICS = tuple(m.name for m in METRICS if m.in_summary)
 # re-split the spec's counts; shown in the summary) and the wall-clock seconds it took
 SPLIT_METRICS: tuple[Metric, ...] = (
     Metric("generation_gpus", "GPUs of the generation pools at the start (colocated: all)"),
+    Metric(
+        "mean_generation_gpus",
+        "generation GPUs held, averaged over the run (elastic: each instance from its "
+        "scale-out to its retirement; else generation_gpus)",
+    ),
     Metric("trainer_gpus", "trainer GPUs (colocated: all, shared with generation)"),
 )
-SIM_METRICS = ("sim_wall_s", *(m.name for m in SPLIT_METRICS))
+# added by the simulator: what ``pipeline.inflight: abort-resubmit`` threw away (else 0)
+DISCARD_METRICS: tuple[Metric, ...] = (
+    Metric("aborted_requests", "running requests aborted by weight updates, then resubmitted"),
+    Metric("discarded_tokens", "output tokens the aborted requests had decoded, thrown away"),
+)
+SIM_METRICS = ("sim_wall_s", *(m.name for m in (*SPLIT_METRICS, *DISCARD_METRICS)))
 LIVE_METRICS = (
     "live_wall_s", "mean_reward_first_fifth", "mean_reward_last_fifth", "num_servers_lost",
     "startup_s", "warm_up_s", "time_to_first_step_s",  # this part of the run (runtime.live_run)
@@ -162,6 +188,14 @@ def compute_metrics(
         "num_generation_instances": len(gen_resources),
     }
     return {name: values[name] for name in METRIC_NAMES}
+
+
+def discard_metrics(discarded: list[Discarded]) -> dict[str, int]:
+    """:data:`DISCARD_METRICS` of a run's instances."""
+    return {
+        "aborted_requests": sum(d.num_requests for d in discarded),
+        "discarded_tokens": sum(d.num_output_tokens for d in discarded),
+    }
 
 
 def split_metrics(cluster: ClusterSection) -> dict[str, int]:

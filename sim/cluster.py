@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import math
 
-from policies.allocation import AllocationPolicy, StageModel
+from policies.allocation import AllocationPolicy, BalancedAllocation, StageModel
 from policies.build import build_allocation, mode_of
 from policies.calibrated import CalibratedCosts
-from policies.cluster import ClusterSection, GenerationPool
+from policies.cluster import ClusterSection, GenerationPool, TrainerPool
 from policies.logs import held_warnings
 from policies.modes import ModeTraits
 from policies.protocols import Device
@@ -45,7 +45,8 @@ def resolve_cluster(
     if mode.colocated:
         _check_one_gpu_group(cluster, spec.pipeline.mode)
     trainer_gpus = total_gpus(cluster) if mode.colocated else cluster.trainer.num_gpus
-    if warning := check_trainer_memory(cost, cluster.trainer.hardware, trainer_gpus):
+    warning = check_trainer_memory(cost, cluster.trainer.hardware, trainer_gpus)
+    if warning and mode.colocated:  # else about the trainer the allocation leaves (below)
         log.warning("%s", warning)
     for i, pool in enumerate(cluster.generation):
         if pool.tp > GPUS_PER_MACHINE:
@@ -82,6 +83,9 @@ def resolve_cluster(
         ),
     )
     allocated = allocation.allocate(cluster, model)
+    _warn_trainer_memory(
+        cost, spec, allocated.trainer, resized=isinstance(allocation, BalancedAllocation)
+    )
     given, ran = split_metrics(cluster), split_metrics(allocated)
     if ran != given:  # in run.log: the split that runs is not the spec's
         log.info(
@@ -90,6 +94,18 @@ def resolve_cluster(
             given["generation_gpus"], given["trainer_gpus"],
         )  # fmt: skip
     return allocated
+
+
+def _warn_trainer_memory(
+    cost: SimCostModel, spec: RunSpec, trainer: TrainerPool, resized: bool
+) -> None:
+    """The offload warning about the trainer that runs: where the allocation picks its
+    size (``resized``: ``balanced``), the allocation's trainer, named as such."""
+    key = "cluster.trainer.num_gpus"
+    if resized:
+        key = f"policies.allocation {spec.policies.allocation}'s trainer"
+    if warning := check_trainer_memory(cost, trainer.hardware, trainer.num_gpus, key):
+        log.warning("%s", warning)
 
 
 def total_gpus(cluster: ClusterSection) -> int:
@@ -142,11 +158,15 @@ def min_trainer_gpus(
     return max(1, math.ceil(need / hw.hbm_bytes))
 
 
-def check_trainer_memory(cost: SimCostModel, hardware_name: str, num_gpus: int) -> str | None:
+def check_trainer_memory(
+    cost: SimCostModel,
+    hardware_name: str,
+    num_gpus: int,
+    key: str = "cluster.trainer.num_gpus",  # in a colocated mode every GPU
+) -> str | None:
     """Refuse a trainer of ``num_gpus`` that cannot hold its weights and gradients; the
     warning when only an offloaded optimizer would fit (the simulator does not price
-    offloading), or None."""
-    key = "cluster.trainer.num_gpus"  # the trainer's, or in a colocated mode every GPU
+    offloading), or None. ``key`` names where ``num_gpus`` came from."""
     trained = trained_model(cost)
     if trained is None:
         return None

@@ -34,6 +34,7 @@ import simpy
 
 from policies.records import (
     Completion,
+    Discarded,
     FinishReason,
     InflightHandling,
     Request,
@@ -106,6 +107,7 @@ class GenerationEngine:
         self._wake: simpy.Event | None = None
         self._update: PendingUpdate | None = None
         self.working = False  # has requests to run (reported through hooks.busy)
+        self.discarded = Discarded()  # what abort-resubmit updates threw away
         self.name = f"gen-{config.instance_id}"
 
     # -- inputs -----------------------------------------------------------------------
@@ -203,7 +205,7 @@ class GenerationEngine:
         self._update = None
         aborted = []
         if u.inflight == InflightHandling.ABORT_RESUBMIT:
-            aborted = [seq.request for seq in self.scheduler.abort_running()]
+            aborted = self._abort_running()
         start = self.env.now
         yield self.env.timeout(u.pause_ticks)
         self._span(SpanKind.WEIGHT_SYNC, start, None)
@@ -211,6 +213,12 @@ class GenerationEngine:
         self._hooks.weights_loaded(self.config.instance_id, u.version)
         if aborted:
             self._hooks.aborted(self.config.instance_id, aborted)
+
+    def _abort_running(self) -> list[Request]:
+        """Abort every running request (to be dispatched again), counting what it discards."""
+        seqs = self.scheduler.abort_running()
+        self.discarded.add(len(seqs), sum(seq.num_output for seq in seqs))
+        return [seq.request for seq in seqs]
 
     # -- steps ------------------------------------------------------------------------------
 

@@ -6,9 +6,10 @@ ready, read then and not at ``ScaleOut``: a push made while it starts does not r
 so weights read earlier would leave it behind for good (and a sync batch, which waits for
 every instance to hold the new weights, would wait forever). A retired one stops the
 moment the last request it was running finishes (nothing is dropped or moved), and takes
-no further weight pushes. Known biases: a retired instance's idle time after retirement
-still counts in the run's generation utilisation; weights pushed while an instance starts
-cost it no transfer of its own (its start covers one load)."""
+no further weight pushes. Its GPUs are paid for from the ``ScaleOut`` (its start
+included) to its retirement (``sim.gpu_cost``). Known biases: a retired instance's idle
+time after retirement still counts in the run's generation utilisation; weights pushed
+while an instance starts cost it no transfer of its own (its start covers one load)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import simpy
 
@@ -59,7 +61,7 @@ from policies.records import (
     StepStats,
 )
 from policies.resources import TRAINER
-from policies.results import RunResult, compute_metrics, split_metrics
+from policies.results import RunResult, compute_metrics, discard_metrics, split_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
 from policies.tracking import StepUpdate
@@ -67,6 +69,7 @@ from sim import scaling
 from sim.cluster import kv_too_small, resolve_cluster
 from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
+from sim.gpu_cost import GpuLease, gpu_prices, mean_cost_units, mean_gpus
 from sim.links import Links
 from sim.models import resolved_model
 from sim.pushes import WeightPushes
@@ -88,9 +91,15 @@ log = logging.getLogger(__name__)
 class _Instance:
     engine: GenerationEngine
     pool: GenerationPool
-    start_s: float
+    start_s: float  # ready to serve
+    held_from_s: float  # its GPUs taken: the run's start, or its ScaleOut (sim.gpu_cost)
     retiring: bool = False  # asked to retire (ScaleIn): finishing what it runs
     retired_s: float | None = None  # retired: takes no weight pushes
+
+    @property
+    def lease(self) -> GpuLease:
+        """Its GPUs, from when they were taken to its retirement (or the run's end)."""
+        return GpuLease(self.pool.hardware, self.pool.tp, self.held_from_s, self.retired_s)
 
 
 class Simulation:
@@ -180,7 +189,9 @@ class _World:
 
     # -- construction -------------------------------------------------------------------
 
-    def _add_instance(self, pool: GenerationPool, version: int) -> _Instance:
+    def _add_instance(
+        self, pool: GenerationPool, version: int, held_from_s: float | None = None
+    ) -> _Instance:
         instance_id = len(self.instances)
         device = Device(pool.hardware, pool.tp)
         hooks = EngineHooks(
@@ -206,7 +217,9 @@ class _World:
             version=version,
         )
         engine.set_contended(self.trainer.busy)
-        inst = self.instances[instance_id] = _Instance(engine, pool, to_seconds(self.env.now))
+        now_s = to_seconds(self.env.now)
+        held_s = now_s if held_from_s is None else held_from_s
+        inst = self.instances[instance_id] = _Instance(engine, pool, now_s, held_s)
         self.env.process(engine.run())
         return inst
 
@@ -336,7 +349,9 @@ class _World:
     def _scale_out(self, command: ScaleOut) -> None:
         pool, start_s = self.cluster.generation[0], self.spec.sim.instance_start_s
         version, kv = lambda: self.controller.latest_version, self.cost.kv_capacity_tokens
-        proc = scaling.scale_out(self, command.num_instances, start_s, pool, version, self._add_instance, kv)  # fmt: skip
+        asked_s = to_seconds(self.env.now)  # its GPUs are held (and paid for) from now
+        add = partial(self._add_instance, held_from_s=asked_s)
+        proc = scaling.scale_out(self, command.num_instances, start_s, pool, version, add, kv)
         self.env.process(proc)
 
     # -- result ---------------------------------------------------------------------------
@@ -350,18 +365,21 @@ class _World:
             self._record(c) for c in sorted(self.completions.values(), key=lambda c: c.sample_id)
         ]
         gen = {i.engine.name: i.start_s for i in self.instances.values()}
+        held = [i.lease for i in self.instances.values()]  # generation GPUs while held
+        if not self.colocated:  # colocated: every GPU once, as the instances'
+            held.append(GpuLease(self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))
+        cost_units = mean_cost_units(held, end_s, gpu_prices(hardware_of(self.spec)))
         metrics = compute_metrics(
-            samples,
-            self.spans,
-            end_s,
-            gen,
-            self.colocated,
-            self.spec.run.iterations,
-            self._cost_units(),
+            samples, self.spans, end_s, gen, self.colocated, self.spec.run.iterations, cost_units
         )
         metrics["sim_wall_s"] = wall_s
         metrics.update(split_metrics(self.cluster))  # the split that ran (balanced: its own)
-        steps = [
+        metrics["mean_generation_gpus"] = mean_gpus(held[: len(self.instances)], end_s)
+        metrics.update(discard_metrics([i.engine.discarded for i in self.instances.values()]))
+        return RunResult(self.spec, metrics, samples, self.spans, self._step_rows())
+
+    def _step_rows(self) -> list[dict[str, Any]]:
+        return [
             {
                 "step": s.step,
                 "start_s": s.start_s,
@@ -374,21 +392,8 @@ class _World:
             }
             for s in self.steps
         ]
-        return RunResult(self.spec, metrics, samples, self.spans, steps)
 
     def _record(self, c: Completion) -> SampleRecord:
         return SampleRecord.from_completion(
             c, train_step=self.controller.train_step_of.get(c.sample_id)
         )
-
-    def _cost_units(self) -> float | None:
-        """GPU cost in H20-machine units (``policies.results.COST_UNIT``: 8 H20 GPUs are 1),
-        elastic instances included (colocated GPUs once)."""
-        pools = [(i.pool.hardware, i.pool.tp) for i in self.instances.values()]
-        if not self.colocated:
-            pools.append((self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))
-        table = hardware_of(self.spec)  # hardware.csv and the spec's sim.hardware
-        costs = [table[hw].cost_per_gpu_rel_h20 if hw in table else None for hw, _ in pools]
-        if any(c is None for c in costs):
-            return None
-        return sum(c * n for c, (_, n) in zip(costs, pools))  # type: ignore[operator]

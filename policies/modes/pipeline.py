@@ -3,11 +3,13 @@
 Instances keep up to ``max_num_seqs`` sequences running; the trainer takes an
 optimizer step every ``batch_size`` finished samples and pushes the new weights at
 once (or every ``push_every`` steps), loaded in flight (``keep``: pause, load, resume
-with KV cache kept; ``abort-resubmit``; ``drain``). ``max_lag`` bounds staleness exactly through the
-:class:`~policies.modes.lag.LagBudget`, counted in whole groups: a group (the
-``group_size`` samples of one prompt, needed together for GRPO's group-mean advantage)
-is placed into one optimizer step once all its samples finished, with the deadline of
-its oldest sample.
+with KV cache kept; ``abort-resubmit``: running requests start again on the new weights,
+their decoded tokens thrown away, counted in ``aborted_requests`` and ``discarded_tokens``,
+and a resubmitted sample's staleness is from its new start; ``drain``). ``max_lag``
+bounds staleness exactly through the :class:`~policies.modes.lag.LagBudget`, counted in
+whole groups: a group (the ``group_size`` samples of one prompt, needed together for
+GRPO's group-mean advantage) is placed into one optimizer step once all its samples
+finished, with the deadline of its oldest sample.
 """
 
 from __future__ import annotations
