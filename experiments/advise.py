@@ -35,7 +35,7 @@ from experiments.advise_search import (
     SearchState,
     search,
 )
-from experiments.advise_space import Candidate, candidate_spec
+from experiments.advise_space import Candidate, candidate_spec, canonical
 from policies.spec import RunSpec
 
 ATTRIBUTION_SHARE = 0.15  # of the budget, kept for pricing each change
@@ -287,7 +287,7 @@ def _attribute(
         d for d in DIMENSIONS
         if dimension_value(space.input, d, space) != dimension_value(best, d, space)
     ]  # fmt: skip
-    wanted = {(d, end): swap(*pair, d) for d in dims for end, pair in
+    wanted = {(d, end): canonical(swap(*pair, d), space.prefer) for d in dims for end, pair in
               (("alone", (space.input, best)), ("reverted", (best, space.input)))}  # fmt: skip
     walls = [e.wall_s for e in known.values()]
     expected_s = sum(walls) / len(walls) if walls else 0.0

@@ -60,6 +60,12 @@ class Space:
     input_outside: bool  # the input breaks the constraints (e.g. staler than allowed)
     left_out: tuple[str, ...] = ()  # each (hardware, tp) or trainer size that does not fit, and why
 
+    @property
+    def prefer(self) -> PolicyChoice:
+        """The input spec's policies: the value of a choice that makes no difference."""
+        p = self.base.policies
+        return PolicyChoice(p.dispatch, p.scheduling, p.length_predictor)
+
 
 def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
     estimator = Estimator.of(base)
@@ -82,9 +88,8 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
     if the_input is not None and not the_input.structure.colocated:
         s = the_input.structure
         axes = with_extra_splits(axes, {s.tp: (s.trainer_gpus,)})
-    prefer = PolicyChoice(
-        base.policies.dispatch, base.policies.scheduling, base.policies.length_predictor
-    )
+    p = base.policies
+    prefer = PolicyChoice(p.dispatch, p.scheduling, p.length_predictor)
     found = enumerate_candidates(axes, estimator.inventory, tps, prefer)
     floors = trainer_floors(estimator)
     fitting = [c for c in found if trainer_fits(c.structure, estimator.inventory, floors)]

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.advise import Advice, Change, Unpriced
+from experiments.advise_space import Candidate, predictor_read
 from policies.results import COST_NORMALIZED_UNIT, write_atomic
 
 OBJECTIVE_COLUMN = {
@@ -180,12 +181,45 @@ def _headline(advice: Advice) -> list[str]:
         "",
         "`best.yaml` is the advice as a complete spec (`tandem run best.yaml`).",
     ]
+    out += _unread_predictor_notes(advice)
     out += _incomplete_note(advice)
     if advice.space.input_outside:
         out.append(
             "The input spec itself lies outside the constraints (staler than allowed), so it was run for comparison only."
         )
     return out
+
+
+def _unread_predictor_notes(advice: Advice) -> list[str]:
+    """Where the input spec names a length predictor that the input's or the advice's
+    policies never read: that configuration runs (and is shown) with ``none``, the same
+    run (``advise_space.canonical``)."""
+    given = advice.space.base.policies.length_predictor
+    pairs = [("input", advice.space.input)]
+    if advice.best != advice.space.input:
+        pairs.append(("advice", advice.best))
+    out = [
+        _unread_note(who, c, given)
+        for who, c in pairs
+        if c is not None and given != "none" and not predictor_read(c)
+    ]
+    return ["", *out] if out else []
+
+
+def _unread_note(who: str, c: Candidate, given: str) -> str:
+    p = c.policies
+    if c.structure.num_instances == 1:
+        readers = f"on its one generation instance dispatch is moot and scheduling `{p.scheduling}`"
+        readers += " reads no predicted lengths"
+    else:
+        readers = f"its dispatch `{p.dispatch}` and scheduling `{p.scheduling}`"
+        readers += " read no predicted lengths"
+    if who == "input":
+        return f"The input's length predictor: {readers}, so it was run, and is shown, with `none` (the same run)."
+    return (
+        f"The advice's length predictor: {readers}, so it runs with `none`, the same run as "
+        f"with the input spec's `{given}`: deployable as it is."
+    )
 
 
 def _incomplete_note(advice: Advice) -> list[str]:

@@ -7,9 +7,11 @@ The GPUs come from an :class:`Inventory`: the input spec's pools merged by (hard
 datacenter); every candidate places the trainer in one group and generation on what is
 left, so per-datacenter placement is searched whenever the spec has several groups.
 
-Equivalent points are enumerated once (colocated modes have no split; with no length
-predictor ``lpt`` orders like ``fcfs``; with one generation instance every dispatch
-policy sends everything to it), and candidates whose model does not fit the hardware at
+Equivalent points are enumerated once (colocated modes have no split; where neither
+dispatch nor scheduling reads predicted lengths, as their modules declare
+(:mod:`policies.length_readers`), the predictor is ``none``; with no length predictor
+``lpt`` orders like ``fcfs``; with one generation instance every dispatch policy sends
+everything to it), and candidates whose model does not fit the hardware at
 their tensor parallelism are left out. The input spec's own configuration is always a
 candidate, so the search can only improve on it.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 from policies.cluster import GenerationPool
 from policies.dispatch import DISPATCH, NEEDS_LENGTHS
+from policies.length_readers import reads_lengths
 from policies.modes import MODES
 from policies.spec import PipelineSection, RunSpec, spec_from_dict
 
@@ -328,13 +331,23 @@ def _valid_pairing(dispatch: str, predictor: str) -> bool:
 
 def canonical(c: Candidate, prefer: PolicyChoice) -> Candidate:
     """The representative of ``c``'s equivalence class (see the module docstring): a
-    choice that makes no difference takes ``prefer``'s value (the input spec's)."""
+    predictor nothing reads is ``none`` (deployable, and the same run); any other choice
+    that makes no difference takes ``prefer``'s value (the input spec's)."""
     p = c.policies
+    one_instance = c.structure.num_instances == 1
+    if not predictor_read(c):
+        p = replace(p, predictor="none")
     if p.predictor == "none":
         p = replace(p, scheduling=prefer.scheduling if prefer.predictor == "none" else "fcfs")
-    if c.structure.num_instances == 1:
+    if one_instance:
         p = replace(p, dispatch=_any_dispatch(prefer.dispatch, p.predictor))
     return Candidate(c.structure, p)
+
+
+def predictor_read(c: Candidate) -> bool:
+    """Whether ``c``'s dispatch (moot on one instance) or scheduling reads predicted lengths."""
+    one_instance = c.structure.num_instances == 1
+    return reads_lengths(None if one_instance else c.policies.dispatch, c.policies.scheduling)
 
 
 def _any_dispatch(prefer: str, predictor: str) -> str:

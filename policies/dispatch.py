@@ -48,6 +48,10 @@ DISPATCH: Factories[DispatchPolicy] = Registry("dispatch")
 # dispatches that rank requests by predicted length: with ``length_predictor: none`` every
 # prediction is 0, so the first requests count as long-tail and every split prices alike
 NEEDS_LENGTHS = frozenset({"skewness-aware"})
+# dispatches whose choice reads predicted lengths at all (a request's ``predicted_tokens``,
+# the views' ``assigned_tokens``); under any other the length predictor changes nothing
+# here. tests/test_length_readers.py checks each registered dispatch against this.
+READS_LENGTHS = NEEDS_LENGTHS | {"least-loaded"}
 
 
 def _require(instances: Sequence[InstanceView]) -> None:

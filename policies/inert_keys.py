@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from policies.dispatch import NEEDS_LENGTHS
+from policies.length_readers import reads_lengths
 from policies.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -52,13 +52,9 @@ def _not_skewness_aware(spec: RunSpec) -> str | None:
     return None if dispatch == "skewness-aware" else f"policies.dispatch is {dispatch!r}"
 
 
-# dispatches that read predicted lengths besides those that rank by them
-_READS_LENGTHS = NEEDS_LENGTHS | {"least-loaded"}
-
-
 def _lengths_unread(spec: RunSpec) -> str | None:
     p = spec.policies
-    if p.dispatch in _READS_LENGTHS or p.scheduling == "lpt":
+    if reads_lengths(p.dispatch, p.scheduling):
         return None
     return (
         f"policies.dispatch {p.dispatch!r} and policies.scheduling {p.scheduling!r} read "

@@ -20,6 +20,9 @@ class SchedulingPolicy(Protocol):
 
 
 SCHEDULING: Factories[SchedulingPolicy] = Registry("scheduling")
+# schedulings whose priority reads a request's ``predicted_tokens``; under any other the
+# length predictor changes nothing here (tests/test_length_readers.py checks each one)
+READS_LENGTHS = frozenset({"lpt"})
 
 
 @SCHEDULING.register("fcfs")
