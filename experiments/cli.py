@@ -204,7 +204,8 @@ def _with_spec(p: argparse.ArgumentParser, default: str | None) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a spec key, e.g. pipeline.mode=stream-sync (tandem spec keys lists them)",
+        help="override a spec key, e.g. pipeline.mode=stream-sync (tandem spec keys lists them); "
+        "the value is read as YAML, or taken as typed for a text key (run.name=007 stays 007)",
     )
 
 

@@ -3,11 +3,13 @@ or, with ``ray_address``, as Ray tasks (:mod:`experiments.sweep_ray`).
 
 Each point's row (its values, metrics or error) is written to ``points/NNNN/row.json``
 the moment it finishes, and ``results.parquet`` / ``results.csv`` gather every row at the
-end. A second sweep into the same ``--out`` (same spec and grid) resumes: points with a
-row and no error are not simulated again. ``point_timeout_s`` bounds each point: a
-worker over it is killed and its point recorded as failed, its directory cleared of the
-result files it may have written (``RunResult.clear``; a resume runs it again). Workers
-die with the sweep (``PR_SET_PDEATHSIG``). Both executors simulate a point with
+end, ``status.json`` saying ``complete``. A sweep stopped (Ctrl-C, SIGTERM) with points
+left writes them for the rows it has, ``status.json`` saying ``partial``. A second sweep
+into the same ``--out`` (same spec and grid) resumes: points with a row and no error are
+not simulated again, and the tables are written anew. ``point_timeout_s`` bounds each
+point: a worker over it is killed and its point recorded as failed, its directory cleared
+of the result files it may have written (``RunResult.clear``; a resume runs it again).
+Workers die with the sweep (``PR_SET_PDEATHSIG``). Both executors simulate a point with
 :func:`experiments.sweep_point.run_point` and are driven by one loop,
 :func:`experiments.sweep_point.run_jobs`.
 """
@@ -15,6 +17,7 @@ die with the sweep (``PR_SET_PDEATHSIG``). Both executors simulate a point with
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import itertools
 import json
@@ -39,11 +42,19 @@ from experiments.sweep_point import (
 )
 from experiments.worker_pool import WorkerProcesses
 from policies.results import RunResult, write_atomic
-from policies.spec import RunSpec, SpecError, read_yaml
+from policies.spec import RunSpec, SpecError, read_value
+from runtime.errors import RunInterrupted
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 2  # local worker processes when none are asked for
+
+
+class SweepStatus(enum.StrEnum):
+    """What ``results.csv`` holds (``status.json``)."""
+
+    PARTIAL = "partial"  # stopped with points left: the rows so far; a resume completes it
+    COMPLETE = "complete"  # a row for every point run (failed ones included)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +74,8 @@ class GridAxis:
 
 
 def parse_grid(text: str) -> GridAxis:
-    """``key=v1,v2,...``: a spec key and its values, each read as YAML. Linked keys,
+    """``key=v1,v2,...``: a spec key and its values, each read as ``--set`` reads one (YAML;
+    the text as typed for a key that holds text). Linked keys,
     ``k1,k2=a1:b1,a2:b2``, vary together (not as a product): each value is a tuple with
     one value per key, joined by ``:`` (so a linked key's value cannot hold a ``:``)."""
     if "=" not in text:
@@ -76,7 +88,7 @@ def parse_grid(text: str) -> GridAxis:
     if any(not v.strip() for v in raw.split(",")):
         raise SpecError(f"grid {name}: an empty value in {raw!r} (two commas, or one at an end)")
     if len(keys) == 1:
-        return GridAxis(keys, tuple((_value(v, name),) for v in raw.split(",")))
+        return GridAxis(keys, tuple((_value(v, keys[0], name),) for v in raw.split(",")))
     return GridAxis(keys, tuple(_linked(v, keys) for v in raw.split(",")))
 
 
@@ -88,9 +100,10 @@ def _axis_key(part: str, text: str) -> str:
     return key
 
 
-def _value(raw: str, name: str) -> Any:
+def _value(raw: str, key: str, name: str) -> Any:
+    """``raw`` as YAML, or as typed for a key that holds text (as ``--set`` reads it)."""
     try:
-        return read_yaml(raw)
+        return read_value(raw.strip(), key.split("."), RunSpec)
     except yaml.YAMLError as err:
         raise SpecError(f"grid {name}: {raw!r} is not valid YAML ({err})") from None
 
@@ -105,7 +118,7 @@ def _linked(raw: str, keys: tuple[str, ...]) -> tuple[Any, ...]:
         )
     if any(not p.strip() for p in parts):
         raise SpecError(f"grid {name}: an empty value in {raw!r}")
-    return tuple(_value(p, name) for p in parts)
+    return tuple(_value(p, key, name) for p, key in zip(parts, keys, strict=True))
 
 
 def _check_key(key: str) -> None:
@@ -225,13 +238,29 @@ def run_sweep(
             name = f"sweep ({num_done} already done)" if num_done else "sweep"
             task = bar.add_task(name, total=len(points) - len(left_out), completed=num_done)
             run_jobs(pool, jobs, on_row)
-    except KeyboardInterrupt:
-        if any(i not in rows for i, _ in jobs):
-            raise  # points were left to run: the sweep stops (a second one resumes)
+    except KeyboardInterrupt as err:
+        if any(i not in rows for i, _ in jobs):  # points were left: the sweep stops
+            num_points = len(points) - len(left_out)
+            _save(_frame(rows, points), out, SweepStatus.PARTIAL, num_points)
+            raise RunInterrupted(str(err), _partial_note(out, len(rows), num_points)) from err
         stopped = True  # it came after the last point: there was nothing left to stop
-    frame = pd.DataFrame([rows[i] for i in sorted(rows)]).reset_index(drop=True)
-    _save(frame, out)
+    frame = _frame(rows, points)
+    _save(frame, out, SweepStatus.COMPLETE, len(points) - len(left_out))
     return SweepResult(frame, num_done, stopped)
+
+
+def _frame(rows: dict[int, Row], points: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows in the grid's order (none yet: the columns of the points and ``error``)."""
+    if not rows:
+        return pd.DataFrame(columns=["point", *points[0], "error"])
+    return pd.DataFrame([rows[i] for i in sorted(rows)]).reset_index(drop=True)
+
+
+def _partial_note(out: Path, num_done: int, num_points: int) -> str:
+    return (
+        f"partial results ({num_done} of {num_points} points) in {out / 'results.csv'} "
+        "(status.json: partial); the same command again resumes the sweep"
+    )
 
 
 @contextlib.contextmanager
@@ -260,10 +289,19 @@ def _save_left_out(out: Path, points: list[dict], left_out: dict[int, str]) -> N
     write_atomic(path, pd.DataFrame(rows).to_csv(index=False).encode())
 
 
-def _save(frame: pd.DataFrame, out: Path) -> None:
+def _save(frame: pd.DataFrame, out: Path, status: SweepStatus, num_points: int) -> None:
+    """``results.parquet``, ``results.csv`` and ``status.json``, each written whole. A
+    partial status goes first and a complete one last, so a crash between them never
+    leaves ``complete`` beside partial tables."""
     import io
 
+    record = {"status": status.value, "num_points_run": len(frame), "num_points": num_points}
+    status_json = json.dumps(record, indent=2).encode()
+    if status is SweepStatus.PARTIAL:
+        write_atomic(out / "status.json", status_json)
     buf = io.BytesIO()
     frame.to_parquet(buf, index=False)
     write_atomic(out / "results.parquet", buf.getvalue())
     write_atomic(out / "results.csv", frame.to_csv(index=False).encode())
+    if status is SweepStatus.COMPLETE:
+        write_atomic(out / "status.json", status_json)

@@ -42,7 +42,7 @@ def split_keys_given(overrides: Iterable[str]) -> list[str]:
     ``key=value`` ``overrides`` set, directly or inside a section they set, in order."""
     keys = []
     for text in overrides:
-        path, value = parse_override(text)
+        path, value = parse_override(text, RunSpec)
         keys += [k for k in _flat(".".join(path), value) if SPLIT_KEY.match(k)]
     return list(dict.fromkeys(keys))
 

@@ -268,6 +268,9 @@ class RunResult:
         from policies.spec import load_spec
 
         out = Path(out_dir)
+        if not out.is_dir():
+            what = "is a file, not a run's directory" if out.exists() else "does not exist"
+            raise ValueError(f"run directory {out} {what}")
         for name in ("spec.yaml", "metrics.json", "samples.parquet", "events.parquet"):
             if not (out / name).is_file():
                 raise ValueError(

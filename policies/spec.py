@@ -23,11 +23,21 @@ from policies.pipeline_section import PipelineSection, overlap_modes
 from policies.predictors import PREDICTORS
 from policies.scheduling import SCHEDULING
 from policies.sim_section import SimSection
-from policies.spec_yaml import SpecError, apply_overrides, parse_override, read_yaml
+from policies.spec_yaml import (
+    SpecError,
+    apply_overrides,
+    format_errors,
+    given_texts,
+    parse_override,
+    read_value,
+    read_yaml,
+)
 from policies.workload_section import MAX_RUN_SAMPLES, WorkloadSection
 
 # re-exported: their homes are small modules
-__all__ = ["LiveSection", "SpecError", "apply_overrides", "parse_override", "read_yaml"]
+__all__ = [
+    "LiveSection", "SpecError", "apply_overrides", "parse_override", "read_value", "read_yaml",
+]  # fmt: skip
 
 
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # one path component: runs/NAME-... stays in runs/
@@ -57,7 +67,7 @@ class RunSection(_Section):
     @classmethod
     def _one_directory_name(cls, value: Any) -> str:
         if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)  # YAML reads a name of digits (--set run.name=123) as a number
+            value = str(value)  # a spec file's name of digits (name: 123) is a number in YAML
         if not isinstance(value, str) or not re.fullmatch(RUN_NAME, value):
             raise ValueError(
                 f"{value!r} must be a directory name inside runs/: up to 128 letters, digits, "
@@ -291,22 +301,12 @@ class RunSpec(_Section):
         return self.algorithm.batch_size // self.algorithm.group_size
 
 
-def _format_errors(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<spec>"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{key}: {msg}")
-    return "; ".join(lines)
-
-
-def spec_from_dict(data: dict[str, Any]) -> RunSpec:
+def spec_from_dict(data: dict[str, Any], given: dict[str, str] | None = None) -> RunSpec:
+    """``data`` validated; ``given``: the overrides' values as typed, for the message."""
     try:
         return RunSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_format_errors(err)) from None
+        raise SpecError(format_errors(err, given)) from None
 
 
 def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
@@ -320,8 +320,8 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
     ``pipeline.inflight`` unless the waves overlap), one switching to a mode
     ``pipeline.overlap_waves`` does not apply to drops that, and one leaving
     ``conventional`` drops ``pipeline.steps_per_generation``."""
-    data = apply_overrides(spec.model_dump(mode="json"), overrides)
-    keys = {".".join(parse_override(text)[0]) for text in overrides}
+    data = apply_overrides(spec.model_dump(mode="json"), overrides, RunSpec)
+    keys = set(given_texts(overrides))
     pipeline = data.get("pipeline")
     mode = pipeline.get("mode") if isinstance(pipeline, dict) else None
     if mode != spec.pipeline.mode and mode in MODES:  # switched to another known mode
@@ -336,7 +336,7 @@ def override_spec(spec: RunSpec, overrides: list[str]) -> RunSpec:
             pipeline["steps_per_generation"] = 1
         if "pipeline.inflight" not in keys and not (traits.continuous or pipeline["overlap_waves"]):
             pipeline["inflight"] = "keep"
-    return spec_from_dict(data)
+    return spec_from_dict(data, given_texts(overrides))
 
 
 def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> RunSpec:

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ValidationError
+
+from policies.spec_fields import NULL_WORDS, field_annotation, takes_none, takes_text
 
 
 class SpecError(ValueError):
@@ -36,8 +41,9 @@ def read_yaml(text: str) -> Any:
     return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse ``a.b.c=value``; the value is read as YAML (numbers, bools, lists)."""
+def parse_override(text: str, model: type[BaseModel] | None = None) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as YAML (numbers, bools, lists), or, for a
+    key of ``model`` that holds text, taken as typed (:func:`read_value`)."""
     if "=" not in text:
         raise SpecError(f"override {text!r} must look like key.path=value")
     key, raw = text.split("=", 1)
@@ -45,16 +51,60 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not path:
         raise SpecError(f"override {text!r} has an empty key")
     try:
-        return path, read_yaml(raw)
+        return path, read_value(raw, path, model)
     except yaml.YAMLError as err:
         raise SpecError(f"override {text!r}: not valid YAML ({err})") from None
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of ``data`` with each ``key.path=value`` override set."""
+def read_value(raw: str, path: Sequence[str], model: type[BaseModel] | None) -> Any:
+    """``raw`` as YAML; as the text typed where ``path`` names a text field of ``model``
+    (``007`` stays ``007``): only a YAML-quoted value is unquoted, and a YAML null
+    (``null``, ``~``, nothing) unsets a key that may be None."""
+    annotation = None if model is None else field_annotation(model, path)
+    if annotation is None or not takes_text(annotation):
+        return read_yaml(raw)
+    if takes_none(annotation) and raw.strip() in NULL_WORDS:
+        return None
+    quoted = raw.strip()
+    if len(quoted) >= 2 and quoted[0] == quoted[-1] and quoted[0] in "'\"":
+        with contextlib.suppress(yaml.YAMLError):
+            if isinstance(unquoted := read_yaml(quoted), str):
+                return unquoted
+    return raw
+
+
+def given_texts(overrides: Sequence[str]) -> dict[str, str]:
+    """Each override's key and its value as typed (for error messages)."""
+    pairs = (text.split("=", 1) for text in overrides if "=" in text)
+    return {".".join(p for p in key.strip().split(".") if p): raw for key, raw in pairs}
+
+
+def format_errors(err: ValidationError, given: dict[str, str] | None = None) -> str:
+    """A pydantic error as ``key: what is wrong`` lines joined by ``; ``; a key of ``given``
+    (an override) shows its value as typed, and text YAML read as another type says so."""
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<spec>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "string_type" and isinstance(e["input"], int | float | bool):
+            kind = "boolean" if isinstance(e["input"], bool) else "number"
+            msg += f" (YAML read it as the {kind} {e['input']!r}: quote it to keep it as text)"
+        if given and key in given and repr(given[key]) not in msg:  # as typed, once
+            msg += f" (given: {given[key]})"
+        lines.append(f"{key}: {msg}")
+    return "; ".join(lines)
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: list[str], model: type[BaseModel] | None = None
+) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``key.path=value`` override set (values read
+    as :func:`parse_override` reads them for ``model``)."""
     data = copy.deepcopy(data)
     for text in overrides:
-        path, value = parse_override(text)
+        path, value = parse_override(text, model)
         node: Any = data
         for i, part in enumerate(path[:-1]):
             node = _child(node, part, ".".join(path[: i + 1]))

@@ -30,9 +30,9 @@ class StartRefused(LiveRunError):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A live run stopped by Ctrl-C or SIGTERM: the interrupt, with how to go on
-    (``RunDir.how_to_go_on``: the command that resumes after its checkpoint, or, before
-    its first, that running it again starts from step 0)."""
+    """A live run (or a sweep) stopped by Ctrl-C or SIGTERM: the interrupt, with how to go
+    on (``RunDir.how_to_go_on``: the command that resumes after its checkpoint, or, before
+    its first, that running it again starts from step 0; a sweep's partial results)."""
 
     def __init__(self, message: str, how_to_go_on: str) -> None:
         # run.log's last line; Ctrl-C's KeyboardInterrupt says nothing of itself

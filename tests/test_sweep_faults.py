@@ -5,6 +5,8 @@ non-zero exit whenever a point failed."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pandas as pd
 import pytest
@@ -164,3 +166,43 @@ def test_ctrl_c_after_the_last_point_before_the_tables_still_writes_them(
     assert "interrupted after every point had run (2 points, 0 failed)" in printed
     frame = pd.read_csv(tmp_path / "sweep" / "results.csv")
     assert list(frame["point"]) == [0, 1] and frame["error"].isna().all()
+
+
+@pytest.mark.parametrize(("sig", "code", "said"), [
+    (signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"),
+])  # fmt: skip
+def test_a_stopped_sweep_writes_partial_results_that_its_resume_completes(
+    tmp_path, capsys, monkeypatch, sig, code, said
+):
+    """Before: the finished points had their row.json, but no results.csv until a resume."""
+    from experiments import sweep
+
+    run_jobs = sweep.run_jobs
+
+    def signal_after_the_first_row(pool, jobs, on_row) -> None:
+        def then_signal(index: int, row: dict) -> None:
+            on_row(index, row)
+            os.kill(os.getpid(), sig)
+
+        run_jobs(pool, jobs, then_signal)
+
+    monkeypatch.setattr(sweep, "run_jobs", signal_after_the_first_row)
+    out = tmp_path / "sweep"
+    grid = ["--grid", "run.seed=1,2,3", "--set", "run.iterations=1", *SMALL, "--workers", "1"]
+    assert main(["sweep", "streamrl-7b", *grid, "--out", str(out)]) == code
+    assert _flat(capsys.readouterr().out).endswith(
+        f"{said}; partial results (1 of 3 points) in {out / 'results.csv'} (status.json: "
+        "partial); the same command again resumes the sweep"
+    )
+    assert list(pd.read_csv(out / "results.csv")["point"]) == [0]
+    assert list(pd.read_parquet(out / "results.parquet")["point"]) == [0]
+    status = {"status": "partial", "num_points_run": 1, "num_points": 3}
+    assert json.loads((out / "status.json").read_text()) == status
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temp file left
+
+    monkeypatch.setattr(sweep, "run_jobs", run_jobs)  # as it was: the resume
+    assert main(["sweep", "streamrl-7b", *grid, "--out", str(out)]) == 0
+    assert "3 points (1 already done), 0 failed" in _flat(capsys.readouterr().out)
+    assert list(pd.read_csv(out / "results.csv")["point"]) == [0, 1, 2]
+    status = {"status": "complete", "num_points_run": 3, "num_points": 3}
+    assert json.loads((out / "status.json").read_text()) == status

@@ -129,6 +129,10 @@ def test_a_stopped_or_killed_ray_sweep_leaves_no_task_and_no_ray_running(
         assert len(must_go) >= 4  # the point tasks, gcs_server, raylet, ...
         # Ray's notice that it enabled token authentication, printed at every start
         assert "Token authentication" not in err_path.read_text()
+        if sig != signal.SIGKILL:  # the local sweep's writer: partial tables, no point run
+            status = json.loads((tmp_path / "sweep" / "status.json").read_text())
+            assert status == {"status": "partial", "num_points_run": 0, "num_points": 2}
+            assert pd.read_csv(tmp_path / "sweep" / "results.csv").empty
         assert wait_until(lambda: not any(alive(p) for p in must_go), 30), [
             cmdline(p)[:80] for p in must_go if alive(p)
         ]

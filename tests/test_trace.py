@@ -94,6 +94,16 @@ def test_tandem_trace_names_a_directory_that_holds_no_finished_run(tmp_path: Pat
     assert f"{tmp_path}: not a finished run's directory (no metrics.json" in said
 
 
+def test_tandem_trace_on_a_missing_directory_says_it_does_not_exist(tmp_path: Path, capsys):
+    """Before: "not a finished run's directory (no spec.yaml; ...)" for a typo'd path."""
+    assert main(["trace", str(tmp_path / "nope")]) == 2
+    said = capsys.readouterr().out.strip()
+    assert said == f"error: run directory {tmp_path / 'nope'} does not exist"
+    (tmp_path / "file").write_text("")
+    assert main(["trace", str(tmp_path / "file")]) == 2
+    assert f"run directory {tmp_path / 'file'} is a file" in capsys.readouterr().out
+
+
 def test_saving_says_before_and_after_writing_the_trace(tmp_path, caplog):
     """Before: a stepped run's 86 MB trace.json took ~55 s with nothing shown (the run's
     progress bar shows each INFO line of tandem's loggers as its status)."""
