@@ -15,6 +15,10 @@
 * ``elastic`` starts as ``fixed`` and, after each iteration, adds generation instances
   when ``Δ = T_gen − T_train`` exceeds ``Δ′``, the time one more node of instances would save.
 
+Both take ``T_gen`` per optimizer step (``StageModel.step_generation_s``): a batch's, or for a
+continuous mode (``pipeline``, which never waits for a batch to drain) the steady state's,
+capacity or the longest request over ``lag + 1`` steps (:mod:`policies.steady_generation`).
+
 Stage times come from :class:`StageModel`. An instance runs its share of the batch with
 continuous batching (vLLM): while requests wait for one of its ``max_num_seqs`` slots,
 every slot is busy and a step decodes one token for each; the last requests admitted then
@@ -65,6 +69,7 @@ from policies.data_parallel import busy_trainer_gpus, micro_batches_per_gpu
 from policies.decode_estimate import InstanceDecode
 from policies.protocols import CostModel, Device
 from policies.registry import Factories, Registry
+from policies.steady_generation import SteadyDecode
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +117,21 @@ class StageModel:
     prefill: PrefillCost | None = None  # None: decode alone
     stages_overlap: bool = True  # False: an iteration takes T_gen + T_train in turn
     kv_cache: KvCache | None = None  # None: an instance's KV cache holds any batch
+    continuous_lag: int | None = None  # a continuous mode's staleness bound; None: batches drain
+
+    def step_generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
+        """Generation time one optimizer step costs: a batch's (:meth:`generation_s`), or in
+        a continuous mode the steady state's (:mod:`policies.steady_generation`)."""
+        if self.continuous_lag is None:
+            return self.generation_s(pool, num_gpus)
+        kv_tokens = None if self.kv_cache is None else self.kv_cache.kv_tokens(pool)
+        prefill = None if self.prefill is None else partial(self._prefill_s, pool)
+        steady = SteadyDecode(
+            self.cost, Device(pool.hardware, pool.tp), self.prompt_tokens, self.output_tokens,
+            pool.max_num_seqs, kv_tokens, prefill,
+        )  # fmt: skip
+        instances = (num_gpus or pool.num_gpus) // pool.tp
+        return steady.step_s(self.batch_size, instances, self.continuous_lag)
 
     def generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
         """Time for ``num_gpus`` of ``pool`` to prefill and generate one batch split evenly
@@ -222,7 +242,7 @@ class BalancedAllocation:
         best_key = (math.inf, math.inf, total)
         for gen in range(pool.tp, total - model.min_trainer_gpus + 1, pool.tp):
             t_gen, t_train = (
-                model.generation_s(pool, gen),
+                model.step_generation_s(pool, gen),
                 model.training_s(pool.hardware, total - gen),
             )
             slower, both = max(t_gen, t_train), t_gen + t_train
@@ -239,10 +259,12 @@ class BalancedAllocation:
         gen, train = pool.num_gpus, cluster.trainer.num_gpus
         if not model.stages_overlap:  # a smaller stage would only lengthen the iteration
             return gen, max(model.min_trainer_gpus, model.busy_trainer_gpus(train))
-        t_gen = model.generation_s(pool, gen)
+        t_gen = model.step_generation_s(pool, gen)
         t_train = model.training_s(cluster.trainer.hardware, train)
         if t_gen < t_train:
-            while gen - pool.tp >= pool.tp and model.generation_s(pool, gen - pool.tp) <= t_train:
+            while (
+                gen - pool.tp >= pool.tp and model.step_generation_s(pool, gen - pool.tp) <= t_train
+            ):
                 gen -= pool.tp
         else:
             trainer_hw = cluster.trainer.hardware
@@ -354,8 +376,8 @@ class ElasticAllocation:
         if self._model is None or self._pool is None:
             return k / (num_instances + k)
         tp = self._pool.tp
-        now = self._model.generation_s(self._pool, num_instances * tp)
-        more = self._model.generation_s(self._pool, (num_instances + k) * tp)
+        now = self._model.step_generation_s(self._pool, num_instances * tp)
+        more = self._model.step_generation_s(self._pool, (num_instances + k) * tp)
         return max(0.0, 1.0 - more / now) if now > 0 else 0.0
 
 

@@ -68,6 +68,7 @@ def resolve_cluster(
             }
         )
         return colocated
+    bound = mode.staleness_bound(spec.pipeline.max_lag, spec.pipeline.steps_per_generation)
     model = StageModel(
         cost=cost,
         batch_size=spec.algorithm.batch_size,
@@ -78,9 +79,8 @@ def resolve_cluster(
         step_cost=StepCost.of(spec, cost),
         prefill=ChunkedPrefill(cost),
         kv_cache=EngineKvCache(cost.kv_capacity_tokens),
-        stages_overlap=mode.stages_overlap(
-            mode.staleness_bound(spec.pipeline.max_lag, spec.pipeline.steps_per_generation)
-        ),
+        stages_overlap=mode.stages_overlap(bound),
+        continuous_lag=bound if mode.continuous else None,  # steps never wait for a drain
     )
     allocated = allocation.allocate(cluster, model)
     _warn_trainer_memory(

@@ -266,14 +266,14 @@ def test_balanced_and_elastic_need_one_pool_and_say_which_policy(policy):
 class _InverseModel:
     """Generation time inversely proportional to GPUs: k more of n instances save k/(n+k)."""
 
-    def generation_s(self, pool: object, num_gpus: int) -> float:
+    def step_generation_s(self, pool: object, num_gpus: int) -> float:
         return 100.0 / num_gpus
 
 
 class _FlatModel:
     """More instances save nothing (the long tail sets the time)."""
 
-    def generation_s(self, pool: object, num_gpus: int) -> float:
+    def step_generation_s(self, pool: object, num_gpus: int) -> float:
         return 100.0
 
 
