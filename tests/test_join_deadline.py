@@ -167,10 +167,8 @@ os._exit(0)
 """
 
 
-def _joins_again(worker: WeightReceiver) -> None:
-    port, sender = free_port(), WeightSender()
-    sender.listen("127.0.0.1", port, 2, 30.0)
-    out: list = []
+def _join_in_thread(worker: WeightReceiver, port: int, out: list) -> threading.Thread:
+    """Rank 1's join on 127.0.0.1:``port``, started in a thread; its answer goes to ``out``."""
     thread = threading.Thread(
         target=lambda: out.append(
             worker.tandem_join("127.0.0.1", port, 1, 2, "gloo", 30.0, "127.0.0.1")
@@ -178,6 +176,14 @@ def _joins_again(worker: WeightReceiver) -> None:
         daemon=True,
     )
     thread.start()
+    return thread
+
+
+def _joins_again(worker: WeightReceiver) -> None:
+    port, sender = free_port(), WeightSender()
+    sender.listen("127.0.0.1", port, 2, 30.0)
+    out: list = []
+    thread = _join_in_thread(worker, port, out)
     sender.join("127.0.0.1", port, 2, "gloo", 30.0)
     thread.join(HANG_GUARD_S)
     assert out == [{}] and worker.tandem_group is not None
@@ -188,13 +194,7 @@ def test_a_trainer_that_listens_after_posting_is_still_waited_for():
     worker tries again until the store answers, within JOIN_CONNECT_S."""
     port, worker, sender = free_port(), WeightReceiver(), WeightSender()
     out: list = []
-    joining = threading.Thread(
-        target=lambda: out.append(
-            worker.tandem_join("127.0.0.1", port, 1, 2, "gloo", 30.0, "127.0.0.1")
-        ),
-        daemon=True,
-    )
-    joining.start()
+    joining = _join_in_thread(worker, port, out)
     threading.Event().wait(0.5)  # the worker has tried and found nothing listening
     sender.join("127.0.0.1", port, 2, "gloo", 30.0)
     joining.join(HANG_GUARD_S)
