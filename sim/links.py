@@ -9,7 +9,12 @@ Modelling assumptions:
   dropped, never sent: its receivers would replace it on arrival (a generation engine
   keeps only the newest pending update), and StreamRL sends the latest weights.
 * One transfer over a link serves every instance behind it (the weights cross once and
-  fan out inside the target datacenter). Pushes inside a datacenter are not queued here:
+  fan out inside the target datacenter): the link is held for the crossing and that
+  fan-out, and its receivers get the weights when it is through. Until then they keep
+  generating on the weights they have; a receiver that updates in flight pauses only to
+  load them (before 2026-12-06 the weights were handed over as the crossing started, and
+  such a receiver paused for the whole crossing: at 1 Gbit/s every instance behind the
+  link stopped ~122 s a push). Pushes inside a datacenter are not queued here:
   one broadcast reaches all its instances at once, as the live runtime's single broadcast
   to all servers does, and an engine replaces an update still pending; its span
   (``link-<a>-<a>``) is recorded as it starts.
@@ -31,12 +36,12 @@ from sim.ticks import to_seconds, to_ticks
 
 @dataclass(frozen=True, slots=True)
 class LinkPush:
-    """One version's weights over one link, handed to its receivers when it starts."""
+    """One version's weights over one link, handed to its receivers when it is through."""
 
     link: str  # resource name, ``link-<a>-<b>``
     version: int
     transfer_s: float
-    deliver: Callable[[], None]  # starts the receivers' transfer if it had to wait
+    deliver: Callable[[], None]  # hands the weights to the receivers behind the link
 
 
 class Links:
@@ -48,18 +53,18 @@ class Links:
         self._queues: dict[str, simpy.Resource] = {}
         self._newest: dict[str, int] = {}  # link -> newest version pushed over it
 
-    def send(self, push: LinkPush) -> bool:
-        """Start ``push`` now if its link is free (True: the caller delivers it at once),
-        else later, calling ``push.deliver`` when the pushes ahead are through."""
+    def send(self, push: LinkPush) -> None:
+        """Send ``push`` over its link, at once if the link is free, else when the pushes
+        ahead are through (dropped if a newer push comes first); ``push.deliver`` when it
+        is through."""
         self._newest[push.link] = push.version
         queue = self._queues.setdefault(push.link, simpy.Resource(self.env, capacity=1))
         request = queue.request()
-        if not request.triggered:
+        if request.triggered:  # the link is free: the push starts now
+            self._note(push)
+            self.env.process(self._through(queue, request, push))
+        else:
             self.env.process(self._wait(queue, request, push))
-            return False
-        self._note(push)
-        self.env.process(self._hold(queue, request, to_ticks(push.transfer_s)))
-        return True
 
     def _wait(
         self, queue: simpy.Resource, request: simpy.Event, push: LinkPush
@@ -69,14 +74,14 @@ class Links:
             queue.release(request)
             return
         self._note(push)
-        push.deliver()
-        yield from self._hold(queue, request, to_ticks(push.transfer_s))
+        yield from self._through(queue, request, push)
 
-    def _hold(
-        self, queue: simpy.Resource, request: simpy.Event, ticks: int
+    def _through(
+        self, queue: simpy.Resource, request: simpy.Event, push: LinkPush
     ) -> Generator[simpy.Event, None, None]:
-        yield self.env.timeout(ticks)
+        yield self.env.timeout(to_ticks(push.transfer_s))
         queue.release(request)
+        push.deliver()
 
     def note_broadcast(self, link: str, version: int, transfer_s: float) -> None:
         """The span of a broadcast inside one datacenter (``link-<a>-<a>``), never queued."""

@@ -48,22 +48,24 @@ class WeightPushes:
                 waiting[link] = later = []
                 transfer = self.transfer_s(inst.pool.datacenter)
                 deliver = lambda c=command, insts=later: self._push_all(insts, c)  # noqa: E731
-                started[link] = self.links.send(LinkPush(link, command.version, transfer, deliver))
+                self.links.send(LinkPush(link, command.version, transfer, deliver))
+                started[link] = False  # its receivers get it when it is through
             if inst.pool.datacenter == self.source and link not in started:
                 started[link] = True  # the broadcast inside: not queued, spanned as before
                 self.links.note_broadcast(link, command.version, self.transfer_s(self.source))
             if started[link]:
-                self._push_to(inst, command)
+                self._push_to(inst, command, self.transfer_s(self.source))
             else:
                 waiting[link].append(inst)
 
     def _push_all(self, instances: list[PushTarget], command: PushWeights) -> None:
+        """The receivers behind a link, once the weights are through it (the link's hold
+        included their fan-out: nothing more to transfer)."""
         for inst in instances:
             if inst.retired_s is None:  # not retired while the link was busy
-                self._push_to(inst, command)
+                self._push_to(inst, command, 0.0)
 
-    def _push_to(self, inst: PushTarget, command: PushWeights) -> None:
-        transfer = self.transfer_s(inst.pool.datacenter)
+    def _push_to(self, inst: PushTarget, command: PushWeights, transfer: float) -> None:
         load = self.cost.weight_load_s(Device(inst.pool.hardware, inst.pool.tp))
         pause = (transfer if command.inflight != InflightHandling.BARRIER else 0.0) + load
         inst.engine.push_weights(
