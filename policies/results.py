@@ -12,7 +12,10 @@ generation instances and the trainer):
   loads, lag throttling) plus the trainer's idle time. Colocated runs time-share GPUs, so
   there it is the context-switch time instead.
 * ``generation_utilization`` / ``trainer_utilization`` — busy (prefill, decode / train)
-  time over the time the resource existed in the run.
+  time over the time the resource held its GPUs: the trainer the whole run; an instance
+  from the start or its scale-out (its engine start and weight load count as waiting) to
+  its retirement or the end, as ``cost_normalized_throughput`` prices it; both bubbles
+  count an instance's non-busy time over that same span.
 * ``mean_staleness`` / ``max_staleness`` — ``version_trained − version_prompt`` over trained
   samples: from the oldest weights a sample depends on, those its prompt KV was computed
   with (``version_start`` unless the sample waited in an engine's queue across an update).
@@ -72,7 +75,7 @@ COST_NORMALIZED_UNIT = f"samples/s per {COST_UNIT}"
 METRICS: tuple[Metric, ...] = (
     Metric("throughput_samples_per_s", "trained samples per second of the run"),
     Metric("throughput_tokens_per_s", "trained output tokens per second of the run"),
-    Metric("generation_utilization", "busy share of the generation instances' lifetimes"),
+    Metric("generation_utilization", "busy share of the time instances held their GPUs"),
     Metric("trainer_utilization", "busy share of the trainer over the run"),
     Metric("pipeline_bubble_s", "resource-seconds a stage waits for the other (above)"),
     Metric("skewness_bubble_s", "instance-seconds idle while an iteration is generated"),
@@ -140,12 +143,13 @@ def compute_metrics(
     samples: list[SampleRecord],
     spans: list[Span],
     end_s: float,
-    gen_resources: dict[str, float],
+    gen_resources: dict[str, Interval],
     colocated: bool,
     num_steps: int,
     cost_units: float | None,
 ) -> dict[str, float | int | None]:
-    """Metrics of ``metrics.json``; ``gen_resources`` maps ``gen-<i>`` to its start time."""
+    """Metrics of ``metrics.json``; ``gen_resources`` maps ``gen-<i>`` to when it held its
+    GPUs (``sim.gpu_cost``'s lease: taken, given back or the run's end)."""
     busy: dict[str, list[Interval]] = defaultdict(list)
     switch_s = 0.0
     for sp in spans:
@@ -155,11 +159,11 @@ def compute_metrics(
             switch_s += sp.end_s - sp.start_s
     windows = merged(iteration_windows(samples).values())
     gen_busy_s = gen_life_s = skew_s = gen_wait_s = 0.0
-    for name, start in gen_resources.items():
+    for name, (start, end) in gen_resources.items():
         busy_of = merged(busy[name])
-        idle = complement(busy_of, start, end_s)
+        idle = complement(busy_of, start, end)
         gen_busy_s += length(busy_of)
-        gen_life_s += max(0.0, end_s - start)
+        gen_life_s += max(0.0, end - start)
         in_window = intersect_length(idle, windows)
         skew_s += in_window
         gen_wait_s += length(idle) - in_window

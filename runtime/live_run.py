@@ -370,7 +370,7 @@ def _result(spec: RunSpec, recorder: Recorder, end_s: float, num_instances: int)
     samples = sorted(recorder.samples.values(), key=lambda s: s.sample_id)
     spans = sorted(recorder.spans, key=lambda s: (s.start_s, s.resource))
     metrics = compute_metrics(
-        samples, spans, end_s, {generation_resource(i): 0.0 for i in range(num_instances)},
+        samples, spans, end_s, {generation_resource(i): (0.0, end_s) for i in range(num_instances)},
         mode_of(spec).colocated, spec.run.iterations, None,
     )  # fmt: skip
     metrics["live_wall_s"] = end_s

@@ -26,12 +26,16 @@ class GpuLease:
     start_s: float = 0.0
     end_s: float | None = None
 
+    def held_s(self, run_end_s: float) -> tuple[float, float]:
+        """When it was held in a run ending at ``run_end_s``: (taken, given back or the end)."""
+        return self.start_s, run_end_s if self.end_s is None else min(self.end_s, run_end_s)
+
     def share_of_run(self, run_end_s: float) -> float:
         """The share of a run ending at ``run_end_s`` it was held (1.0 exactly: all of it)."""
         if run_end_s <= 0:
             return 1.0
-        end_s = run_end_s if self.end_s is None else min(self.end_s, run_end_s)
-        return max(0.0, end_s - self.start_s) / run_end_s
+        start_s, end_s = self.held_s(run_end_s)
+        return max(0.0, end_s - start_s) / run_end_s
 
 
 def mean_cost_units(

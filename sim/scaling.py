@@ -7,8 +7,8 @@ so weights read earlier would leave it behind for good (and a sync batch, which 
 every instance to hold the new weights, would wait forever). A retired one stops the
 moment the last request it was running finishes (nothing is dropped or moved), and takes
 no further weight pushes. Its GPUs are paid for from the ``ScaleOut`` (its start
-included) to its retirement (``sim.gpu_cost``). Known biases: a retired instance's idle
-time after retirement still counts in the run's generation utilisation; weights pushed
+included) to its retirement (``sim.gpu_cost``), and over that same time it counts in the
+generation utilisation and the bubbles (its start as waiting). Known bias: weights pushed
 while an instance starts cost it no transfer of its own (its start covers one load)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ScalingWorld(Protocol):
     """What scaling uses of the simulation (``sim.simulator._World``)."""
 
     env: simpy.Environment
-    instances: dict[int, Any]  # instance id -> _Instance (engine, pool, start_s, retiring)
+    instances: dict[int, Any]  # instance id -> _Instance (engine, pool, lease, retiring)
 
     def emit(self, event: Event) -> None: ...
 

@@ -91,7 +91,6 @@ log = logging.getLogger(__name__)
 class _Instance:
     engine: GenerationEngine
     pool: GenerationPool
-    start_s: float  # ready to serve
     held_from_s: float  # its GPUs taken: the run's start, or its ScaleOut (sim.gpu_cost)
     retiring: bool = False  # asked to retire (ScaleIn): finishing what it runs
     retired_s: float | None = None  # retired: takes no weight pushes
@@ -217,9 +216,8 @@ class _World:
             version=version,
         )
         engine.set_contended(self.trainer.busy)
-        now_s = to_seconds(self.env.now)
-        held_s = now_s if held_from_s is None else held_from_s
-        inst = self.instances[instance_id] = _Instance(engine, pool, now_s, held_s)
+        held_s = to_seconds(self.env.now) if held_from_s is None else held_from_s
+        inst = self.instances[instance_id] = _Instance(engine, pool, held_s)
         self.env.process(engine.run())
         return inst
 
@@ -364,7 +362,7 @@ class _World:
         samples = [
             self._record(c) for c in sorted(self.completions.values(), key=lambda c: c.sample_id)
         ]
-        gen = {i.engine.name: i.start_s for i in self.instances.values()}
+        gen = {i.engine.name: i.lease.held_s(end_s) for i in self.instances.values()}
         held = [i.lease for i in self.instances.values()]  # generation GPUs while held
         if not self.colocated:  # colocated: every GPU once, as the instances'
             held.append(GpuLease(self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))

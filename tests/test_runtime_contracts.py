@@ -139,7 +139,7 @@ def test_resource_names_are_spelled_in_one_place():
 
 def test_compute_metrics_reports_exactly_the_listed_metrics_in_order():
     spans = [Span(generation_resource(0), SpanKind.DECODE, 0.0, 1.0, 0, 1)]
-    metrics = compute_metrics([], spans, 2.0, {generation_resource(0): 0.0}, False, 1, None)
+    metrics = compute_metrics([], spans, 2.0, {generation_resource(0): (0.0, 2.0)}, False, 1, None)
     assert tuple(metrics) == METRIC_NAMES
     assert set(SUMMARY_METRICS) < set(METRIC_NAMES)
 
