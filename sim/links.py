@@ -26,7 +26,7 @@ late (``drain``) pauses later than the link is busy.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import simpy
 
@@ -95,3 +95,9 @@ class Links:
         start_s = to_seconds(self.env.now)
         end_s = to_seconds(self.env.now + to_ticks(push.transfer_s))  # as the link is held
         self._on_span(Span(push.link, SpanKind.WEIGHT_SYNC, start_s, end_s, push.version - 1, None))
+
+
+def cut_at(spans: list[Span], end_s: float) -> list[Span]:
+    """The spans of a run that ended at ``end_s``, a push still on its link then cut there
+    (a span is recorded as it starts, with the end its transfer will reach)."""
+    return [replace(s, end_s=end_s) if s.end_s > end_s else s for s in spans]

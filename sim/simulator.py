@@ -70,7 +70,7 @@ from sim.cluster import kv_too_small, resolve_cluster
 from sim.costs import build_cost_model
 from sim.engine import EngineConfig, EngineHooks, GenerationEngine, StepCosts
 from sim.gpu_cost import GpuLease, gpu_prices, mean_cost_units, mean_gpus
-from sim.links import Links
+from sim.links import Links, cut_at
 from sim.models import resolved_model
 from sim.pushes import WeightPushes
 from sim.run_loop import few_collections, run_until_done, stall_report
@@ -367,14 +367,15 @@ class _World:
         if not self.colocated:  # colocated: every GPU once, as the instances'
             held.append(GpuLease(self.cluster.trainer.hardware, self.cluster.trainer.num_gpus))
         cost_units = mean_cost_units(held, end_s, gpu_prices(hardware_of(self.spec)))
+        spans = cut_at(self.spans, end_s)  # a push still crossing a link at the end
         metrics = compute_metrics(
-            samples, self.spans, end_s, gen, self.colocated, self.spec.run.iterations, cost_units
+            samples, spans, end_s, gen, self.colocated, self.spec.run.iterations, cost_units
         )
         metrics["sim_wall_s"] = wall_s
         metrics.update(split_metrics(self.cluster))  # the split that ran (balanced: its own)
         metrics["mean_generation_gpus"] = mean_gpus(held[: len(self.instances)], end_s)
         metrics.update(discard_metrics([i.engine.discarded for i in self.instances.values()]))
-        return RunResult(self.spec, metrics, samples, self.spans, self._step_rows())
+        return RunResult(self.spec, metrics, samples, spans, self._step_rows())
 
     def _step_rows(self) -> list[dict[str, Any]]:
         return [

@@ -88,3 +88,14 @@ def test_a_lone_push_still_takes_its_full_transfer_time():
     weight_bytes = 7.6e9 * 2  # Qwen2.5-7B in bf16, roughly: one push over 1 Gbps ~ 122 s
     first = _link_spans("stream-async")[0]
     assert 0.9 * weight_bytes * 8 / 1e9 < first.end_s - first.start_s < 1.1 * weight_bytes * 8 / 1e9
+
+
+def test_a_push_still_crossing_when_the_run_ends_is_cut_there():
+    result = Simulation(
+        load_spec(config_path("streamrl-7b"), [*CROSS_DC, "pipeline.mode=stream-async"])
+    ).run()
+    end_s = result.metrics["makespan_s"]
+    link = [s for s in result.spans if s.resource == "link-dc0-dc1"]
+    assert max(s.end_s for s in result.spans) <= end_s
+    assert link[-1].end_s == end_s  # the last push was still on the link
+    assert all(110 < s.end_s - s.start_s < 135 for s in link[:-1])  # the others whole (~122 s)

@@ -98,13 +98,14 @@ def _staleness(result: RunResult) -> dict[int, int]:
 
 
 def _cross_dc_syncs(result: RunResult) -> list[float]:
-    """Durations of the weight pushes that crossed from one datacenter to another."""
+    """Durations of the weight pushes that crossed from one datacenter to another (not one
+    still crossing when the run ended: its span is cut there)."""
     out = []
     for span in result.spans:
         if span.kind != SpanKind.WEIGHT_SYNC or not is_link(span.resource):
             continue
         _, src, dst = span.resource.split("-", 2)
-        if src != dst:
+        if src != dst and span.end_s < result.metrics["makespan_s"]:
             out.append(span.end_s - span.start_s)
     return out
 
