@@ -68,20 +68,7 @@ def resolve_cluster(
             }
         )
         return colocated
-    bound = mode.staleness_bound(spec.pipeline.max_lag, spec.pipeline.steps_per_generation)
-    model = StageModel(
-        cost=cost,
-        batch_size=spec.algorithm.batch_size,
-        prompt_tokens=workload.mean_prompt_tokens,
-        output_tokens=workload.sample_lengths(4096),
-        micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
-        min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
-        step_cost=StepCost.of(spec, cost),
-        prefill=ChunkedPrefill(cost),
-        kv_cache=EngineKvCache(cost.kv_capacity_tokens),
-        stages_overlap=mode.stages_overlap(bound),
-        continuous_lag=bound if mode.continuous else None,  # steps never wait for a drain
-    )
+    model = stage_model(spec, mode, cost, workload)
     allocated = allocation.allocate(cluster, model)
     _warn_trainer_memory(
         cost, spec, allocated.trainer, resized=isinstance(allocation, BalancedAllocation)
@@ -94,6 +81,27 @@ def resolve_cluster(
             given["generation_gpus"], given["trainer_gpus"],
         )  # fmt: skip
     return allocated
+
+
+def stage_model(
+    spec: RunSpec, mode: ModeTraits, cost: SimCostModel, workload: Workload
+) -> StageModel:
+    """Allocation's stage model of the run: the simulator's own costs, prefill and KV cache."""
+    cluster = spec.cluster
+    bound = mode.staleness_bound(spec.pipeline.max_lag, spec.pipeline.steps_per_generation)
+    return StageModel(
+        cost=cost,
+        batch_size=spec.algorithm.batch_size,
+        prompt_tokens=workload.mean_prompt_tokens,
+        output_tokens=workload.sample_lengths(4096),
+        micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
+        min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
+        step_cost=StepCost.of(spec, cost),
+        prefill=ChunkedPrefill(cost),
+        kv_cache=EngineKvCache(cost.kv_capacity_tokens),
+        stages_overlap=mode.stages_overlap(bound),
+        continuous_lag=bound if mode.continuous else None,  # steps never wait for a drain
+    )
 
 
 def _warn_trainer_memory(

@@ -20,12 +20,11 @@ from __future__ import annotations
 import pytest
 
 from experiments.specs import config_path
-from policies.allocation import StageModel
+from policies.build import mode_of
 from policies.rng import RngStreams
 from policies.spec import load_spec
+from sim.cluster import stage_model
 from sim.costs import build_cost_model
-from sim.prefill_cost import ChunkedPrefill
-from sim.sequence import EngineKvCache
 from sim.simulator import Simulation
 from sim.workload import Workload
 
@@ -54,13 +53,6 @@ def test_generation_time_is_within_4_percent_of_the_simulated(
     simulated_s = Simulation(spec).run().metrics["generation_time_s"]
     cost = build_cost_model(spec)
     workload = Workload(spec, RngStreams(spec.run.seed))
-    stages = StageModel(
-        cost,
-        spec.algorithm.batch_size,
-        workload.mean_prompt_tokens,
-        workload.sample_lengths(4096),
-        prefill=ChunkedPrefill(cost),
-        kv_cache=EngineKvCache(cost.kv_capacity_tokens),
-    )
+    stages = stage_model(spec, mode_of(spec), cost, workload)  # as the run builds it
     estimate_s = stages.generation_s(spec.cluster.generation[0], generation_gpus)
     assert estimate_s == pytest.approx(simulated_s, rel=0.04)
