@@ -96,7 +96,7 @@ def _lag_hint(point: dict[str, Any], err: Exception) -> str:
 
 def base_from_yaml(text: str) -> RunSpec:
     """The sweep's base spec as a worker receives it (its resolved YAML)."""
-    return RunSpec.model_validate(read_yaml(text))
+    return RunSpec.model_validate(read_yaml(text, RunSpec))
 
 
 def run_point(base: RunSpec, point: dict[str, Any], out_dir: Path | None) -> Row:

@@ -344,7 +344,7 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Ru
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = read_yaml(Path(path).read_text())
+            loaded = read_yaml(Path(path).read_text(), RunSpec)
         except FileNotFoundError:
             raise SpecError(f"spec file {path} does not exist") from None
         except IsADirectoryError:

@@ -5,7 +5,9 @@ arrive typed; a key whose field can only hold text (``str``, a ``Literal`` of st
 ``str`` enum, each possibly ``None``) takes the text as typed instead: ``run.name=007``
 stays ``007`` (YAML: the number 7), ``cluster.generation.0.datacenter=no`` stays ``no``
 (YAML: false). A value quoted in YAML (``'007'``) is still unquoted, so a sweep's points,
-written back as YAML, and the old ``--set "run.name='007'"`` give the same text.
+written back as YAML, and the old ``--set "run.name='007'"`` give the same text. A spec
+file's unquoted values of such keys are kept as written the same way
+(``policies.spec_yaml.read_yaml``).
 """
 
 from __future__ import annotations

@@ -36,9 +36,39 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read_yaml(text: str) -> Any:
-    """YAML as a spec reads it: safe types, duplicate keys an error."""
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+def read_yaml(text: str, model: type[BaseModel] | None = None) -> Any:
+    """YAML as a spec reads it: safe types, duplicate keys an error; with ``model``, an
+    unquoted value of a key that holds text stays the text written (``name: 007`` is
+    ``"007"``, where YAML reads the number 7; ``datacenter: no`` is ``"no"``, not false)."""
+    loader = UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if model is not None:
+            _keep_text(node, [], model)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+_TEXT_TAG = "tag:yaml.org,2002:str"
+_NULL_TAG = "tag:yaml.org,2002:null"
+
+
+def _keep_text(node: yaml.Node, path: list[str], model: type[BaseModel]) -> None:
+    """Tag each plain scalar at a text field of ``model`` as text (a null stays null)."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                _keep_text(value_node, [*path, key_node.value], model)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _keep_text(item, [*path, str(i)], model)
+    elif node.tag not in (_TEXT_TAG, _NULL_TAG) and node.style is None:
+        annotation = field_annotation(model, path)
+        if annotation is not None and takes_text(annotation):
+            node.tag = _TEXT_TAG
 
 
 def parse_override(text: str, model: type[BaseModel] | None = None) -> tuple[list[str], Any]:

@@ -76,3 +76,25 @@ def test_a_grid_of_a_text_key_keeps_each_value_and_its_points_run_it():
     assert names == ["007", "on", "x"]
     linked = parse_grid("cluster.trainer.datacenter,run.seed=010:010")
     assert linked.values == (("010", 8),)  # YAML 1.1 reads 010 as octal, for a number
+
+
+def test_a_spec_file_keeps_a_text_key_as_written(tmp_path):
+    """Before: a spec file's ``name: 007`` ran as ``7`` and ``datacenter: no`` was refused."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "run: {name: 007, iterations: 007}\n"
+        "model: {name: 1.10, path: ~}\n"
+        "cluster:\n"
+        "  generation: [{hardware: H800, num_gpus: 8, datacenter: no}]\n"
+        "  trainer: {hardware: H800, num_gpus: 8, datacenter: '2024-01-01'}\n"
+        "sim: {fast_forward: off}\n"
+    )
+    spec = load_spec(path)
+    assert (spec.run.name, spec.run.iterations) == ("007", 7)
+    assert (spec.model.name, spec.model.path) == ("1.10", None)
+    assert spec.cluster.generation[0].datacenter == "no"
+    assert spec.cluster.trainer.datacenter == "2024-01-01"
+    assert spec.sim.fast_forward is False
+    path.write_text("run: {name: a, name: b}\n")
+    with pytest.raises(SpecError, match="duplicate key 'name'"):
+        load_spec(path)
