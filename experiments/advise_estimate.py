@@ -5,7 +5,7 @@ dealt longest-first round the instances (as length-aware dispatch does), and tha
 instance runs them with continuous batching, ``min(max_num_seqs, what the KV cache
 holds)`` at a time, longest first, each segment between two completions priced with the
 cost model's decode step. ``T_train`` prices the batch's tokens on the trainer, with the
-step's exposed gradient all-reduce and optimizer step (:class:`policies.allocation.StageModel`
+step's exposed gradient all-reduce and optimizer step (:class:`policies.stage_model.StageModel`
 with ``sim.step_cost``, as the simulated trainer pays them). A mode combines them:
 
 * ``colocated-sync``: ``T_gen + T_train + 2 × context switch`` on every GPU;
@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from experiments.advise_space import Inventory, Structure
-from policies.allocation import StageModel
 from policies.modes import MODES
 from policies.protocols import Device
 from policies.rng import RngStreams
 from policies.spec import RunSpec
+from policies.stage_model import StageModel
 from sim.cluster import min_trainer_gpus
 from sim.costs import SimCostModel, build_cost_model
 from sim.step_cost import StepCost

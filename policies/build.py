@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from numpy.random import Generator
+
 from policies.allocation import ALLOCATION, AllocationPolicy
 from policies.cluster import GenerationPool
 from policies.dispatch import DISPATCH, DispatchPolicy
@@ -75,15 +77,11 @@ def build_policies(
     (the simulator sizes its cluster with it before it has instances)."""
     allocation = allocation if allocation is not None else build_allocation(spec)
     knobs = _knobs(spec)
-    predictor = PREDICTORS.create_from(
-        spec.policies.length_predictor,
-        {**knobs, "truth": inputs.truth, "rng": inputs.rngs.get("predictor"),
-         "calibration_lengths": inputs.calibration_lengths, "ranker": inputs.ranker},
+    predictor = build_predictor(
+        spec, inputs.truth, inputs.rngs.get("predictor"), inputs.calibration_lengths,
+        inputs.ranker,
     )  # fmt: skip
-    dispatch = DISPATCH.create_from(
-        spec.policies.dispatch,
-        {**knobs, "rng": inputs.rngs.get("dispatch"), "cost_model": inputs.cost_model},
-    )
+    dispatch = build_dispatch(spec, inputs.cost_model, inputs.rngs.get("dispatch"))
     scaling = allocation if inputs.can_scale_out and isinstance(allocation, ScalingRule) else None
     controller = build_controller(
         spec, inputs.prompts, predictor, dispatch, instances, inputs.micro_batch_samples, scaling
@@ -94,6 +92,27 @@ def build_policies(
 
 def build_allocation(spec: RunSpec) -> AllocationPolicy:
     return ALLOCATION.create_from(spec.policies.allocation, _knobs(spec))
+
+
+def build_predictor(
+    spec: RunSpec,
+    truth: TruthFn | None,
+    rng: Generator,
+    calibration_lengths: Sequence[int] | None = None,
+    ranker: LengthPredictor | None = None,
+) -> LengthPredictor:
+    """The length predictor of ``spec`` (the run's, and the stage model's to predict the
+    batch it splits: ``policies.dispatch_shares``)."""
+    inputs = {"truth": truth, "rng": rng, "calibration_lengths": calibration_lengths}
+    knobs = {**_knobs(spec), **inputs, "ranker": ranker}
+    return PREDICTORS.create_from(spec.policies.length_predictor, knobs)
+
+
+def build_dispatch(spec: RunSpec, cost_model: CostModel, rng: Generator) -> DispatchPolicy:
+    """A fresh dispatch policy of ``spec`` (the run's, and the stage model's to split a
+    batch with: ``policies.dispatch_shares``)."""
+    knobs = {**_knobs(spec), "rng": rng, "cost_model": cost_model}
+    return DISPATCH.create_from(spec.policies.dispatch, knobs)
 
 
 # constructor names of spec keys (the spec's name is offered too)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-MAX_GPUS = 16_384  # per pool: the balanced split tries every size (~8 s at this bound)
+MAX_GPUS = 16_384  # per pool: the balanced split tries every size (~15 s at this bound)
 MAX_SEQS = 65_536  # max_num_seqs of one instance
 MAX_TOKENS = 10_000_000  # any per-sample token count (prompt, output, context)
 MAX_ITERATIONS = 1_000_000  # optimizer steps of a run

@@ -1,5 +1,5 @@
 """How many of the trainer's GPUs a batch keeps busy, shared by the simulator's trainer
-(``sim.trainer``) and the allocation's stage model (``policies.allocation.StageModel``).
+(``sim.trainer``) and the allocation's stage model (``policies.stage_model.StageModel``).
 
 Data parallelism as the live trainer runs it (``runtime.sharded_trainer``): the samples
 of a forward/backward job are cut into micro-batches of ``algorithm.micro_batch_per_gpu``

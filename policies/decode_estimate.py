@@ -1,5 +1,5 @@
 """How long one generation instance decodes its share of a batch: the stage model's
-estimate (``policies.allocation.StageModel.generation_s``), from the cost model's decode
+estimate (``policies.stage_model.StageModel.generation_s``), from the cost model's decode
 step alone.
 
 The instance runs continuous batching (vLLM). While requests wait, every slot is busy and
@@ -75,7 +75,13 @@ class InstanceDecode:
         steps (:meth:`running`)."""
         top = 1 - 0.5 / max(batch, batch_size)
         qs = np.quantile(np.asarray(self.output_tokens, float), top - np.arange(batch) / batch)
-        lengths = np.sort(np.maximum(1, np.round(qs)).astype(int))
+        return self.drain_lengths_s(np.maximum(1, np.round(qs)).astype(int))
+
+    def drain_lengths_s(self, output_tokens: Sequence[int]) -> float:
+        """Generate sequences of ``output_tokens`` each, admitted together (the drain of
+        :meth:`drain_s`, of lengths given)."""
+        lengths = np.sort(np.asarray(output_tokens, int))
+        batch = len(lengths)
         total, done, num_waiting = 0.0, 0, 0
         for j, length in enumerate(lengths):
             if length > done:

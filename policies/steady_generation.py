@@ -1,6 +1,6 @@
 """What generation costs an optimizer step when it never drains: the stage model's estimate
 for continuous modes (``pipeline``; :attr:`policies.modes.base.ModeTraits.continuous`),
-used by ``balanced`` and ``elastic`` (:meth:`policies.allocation.StageModel.step_generation_s`).
+used by ``balanced`` and ``elastic`` (:meth:`policies.stage_model.StageModel.step_generation_s`).
 
 A batch-synchronous mode waits for each batch to drain to its longest request, so a step
 costs the batch's generation time (``StageModel.generation_s``). Continuous generation

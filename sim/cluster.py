@@ -6,16 +6,21 @@ from __future__ import annotations
 import logging
 import math
 
-from policies.allocation import AllocationPolicy, BalancedAllocation, StageModel
-from policies.build import build_allocation, mode_of
+import numpy as np
+
+from policies.allocation import AllocationPolicy, BalancedAllocation
+from policies.build import build_allocation, build_dispatch, build_predictor, mode_of
 from policies.calibrated import CalibratedCosts
 from policies.cluster import ClusterSection, GenerationPool, TrainerPool
+from policies.dispatch_shares import Batch, BatchShares, quantile_batch
 from policies.logs import held_warnings
 from policies.modes import ModeTraits
+from policies.predictors import OraclePredictor
 from policies.protocols import Device
 from policies.results import split_metrics
 from policies.rng import RngStreams
 from policies.spec import RunSpec
+from policies.stage_model import StageModel
 from sim.calibrated import CalibratedCostModel
 from sim.comm import GPUS_PER_MACHINE
 from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
@@ -86,14 +91,19 @@ def resolve_cluster(
 def stage_model(
     spec: RunSpec, mode: ModeTraits, cost: SimCostModel, workload: Workload
 ) -> StageModel:
-    """Allocation's stage model of the run: the simulator's own costs, prefill and KV cache."""
+    """Allocation's stage model of a run of ``spec``: the simulator's own costs (prefill,
+    KV cache, optimizer step) and, for a mode whose batches drain, the spec's dispatch
+    (``policies.dispatch_shares``)."""
     cluster = spec.cluster
     bound = mode.staleness_bound(spec.pipeline.max_lag, spec.pipeline.steps_per_generation)
+    batch_size, prompt_tokens = spec.algorithm.batch_size, workload.mean_prompt_tokens
+    output_tokens = workload.sample_lengths(4096)
+    shares = None if mode.continuous else batch_shares(spec, cost, output_tokens, prompt_tokens)
     return StageModel(
         cost=cost,
-        batch_size=spec.algorithm.batch_size,
-        prompt_tokens=workload.mean_prompt_tokens,
-        output_tokens=workload.sample_lengths(4096),
+        batch_size=batch_size,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
         micro_batch_per_gpu=spec.algorithm.micro_batch_per_gpu,
         min_trainer_gpus=min_trainer_gpus(cost, cluster.trainer.hardware),
         step_cost=StepCost.of(spec, cost),
@@ -101,6 +111,29 @@ def stage_model(
         kv_cache=EngineKvCache(cost.kv_capacity_tokens),
         stages_overlap=mode.stages_overlap(bound),
         continuous_lag=bound if mode.continuous else None,  # steps never wait for a drain
+        shares=shares,
+        batches_overlap=mode.stages_overlap(bound) and bound > 0 and not mode.continuous,
+    )
+
+
+def batch_shares(
+    spec: RunSpec, cost: SimCostModel, output_tokens: np.ndarray, prompt_tokens: float
+) -> BatchShares:
+    """The spec's dispatch and predictor over a batch at the workload's quantiles, which
+    the stage model splits (``policies.dispatch_shares``); random draws from named streams."""
+    rngs = RngStreams(spec.run.seed)
+
+    def predicted_batch() -> Batch:
+        batch = quantile_batch(output_tokens, spec.algorithm.batch_size, prompt_tokens)
+        exact = OraclePredictor(batch.true_tokens)  # stands in for a learned ranker
+        rng = rngs.get("stage-model-predictor")
+        predictor = build_predictor(spec, batch.true_tokens, rng, list(output_tokens), exact)
+        return batch.predicted_by(predictor)
+
+    return BatchShares(
+        lambda: build_dispatch(spec, cost, rngs.get("stage-model-dispatch")),  # same draws
+        cost.kv_capacity_tokens,
+        predicted_batch,
     )
 
 

@@ -1,7 +1,7 @@
 """What prefilling an instance's prompts costs, priced as the engine prices its steps.
 
 One place prices it, for the stage model that allocation plans with
-(``policies.allocation.StageModel.prefill``), with the cost model's mixed step
+(``policies.stage_model.StageModel.prefill``), with the cost model's mixed step
 (``SimCostModel.mixed_step_s``), the function the simulated engine gives every step with
 prefill tokens (``sim.engine``).
 

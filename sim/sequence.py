@@ -73,7 +73,7 @@ def engine_limits(pool: GenerationPool, kv_capacity_tokens: int) -> EngineLimits
 class EngineKvCache:
     """The KV cache the simulated engine of a pool's instance gets (:func:`engine_limits`
     from the cost model's ``kv_capacity_tokens``), in tokens (satisfies
-    ``policies.allocation.KvCache``)."""
+    ``policies.stage_model.KvCache``)."""
 
     kv_capacity_tokens: Callable[[Device], int]  # the cost model's
 

@@ -3,7 +3,7 @@ exposed part of the gradient all-reduce, then the optimizer step itself.
 
 One place prices both, for the simulated trainer (``sim.simulator`` runs them as the
 step's optimizer job, ``sim.trainer``) and for the stage model that allocation and the
-advise estimate plan with (``policies.allocation.StageModel.step_cost``), so that a split
+advise estimate plan with (``policies.stage_model.StageModel.step_cost``), so that a split
 is chosen by the training time the simulated trainer pays.
 
 Modelling assumptions (``sim.comm``, ``sim.trainer``): the all-reduce runs over every

@@ -3,10 +3,10 @@ decode at once, and what the drain's cache stops holding is prefilled again."""
 
 from __future__ import annotations
 
-from policies.allocation import StageModel
 from policies.cluster import GenerationPool
 from policies.decode_estimate import InstanceDecode
 from policies.protocols import Device
+from policies.stage_model import StageModel
 
 
 class UnitCost:

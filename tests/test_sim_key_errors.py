@@ -94,7 +94,8 @@ def test_a_trainer_that_fits_only_with_its_optimizer_offloaded_is_warned_about(c
 
 
 def test_balanced_allocation_leaves_the_trainer_the_gpus_its_memory_needs():
-    from policies.allocation import BalancedAllocation, StageModel
+    from policies.allocation import BalancedAllocation
+    from policies.stage_model import StageModel
     from sim.cluster import min_trainer_gpus
     from sim.costs import build_cost_model
 

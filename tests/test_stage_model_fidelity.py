@@ -9,10 +9,12 @@ iteration's generation stands alone.
 
 At 20K tokens a few instances each hold more sequences than their KV cache does, and the
 engine runs fewer at once and preempts; before the stage model priced the cache
-(``policies.decode_estimate``) it was 8–24 % short at the 20K points below (−17.7 %,
-−24.4 %, −7.5 %; now −2.4 %, −3.3 %, −0.4 %). They dispatch ``round-robin``, the count-even
-split the stage model assumes: ``skewness-aware`` gathers the long tail on fewer
-instances, whose heavier tail it does not see (at 32B 16/48, 20K, it is 16 % short).
+(``policies.decode_estimate``) it was 8–24 % short at the ``round-robin`` 20K points below
+(−17.7 %, −24.4 %, −7.5 %; now −1.9 %, −3.2 %, +0.2 %). ``skewness-aware`` gathers the long
+tail on fewer instances, whose heavier tail a count-even split does not see: before the
+stage model split the batch with the run's own dispatch (``policies.dispatch_shares``) it
+was 9–33 % short at the ``skewness-aware`` 20K points below (−11.7 %, −33.2 %, −16.2 %,
+−9.1 %; now +0.6 %, −2.5 %, +2.9 %, +0.5 %).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from sim.workload import Workload
         ("streamrl-7b", 8, 24, 5000, "skewness-aware"),
         ("streamrl-32b", 16, 48, 5000, "skewness-aware"),
         ("streamrl-32b", 32, 32, 5000, "skewness-aware"),
+        ("streamrl-7b", 8, 24, 20000, "skewness-aware"),
+        ("streamrl-32b", 8, 56, 20000, "skewness-aware"),
+        ("streamrl-32b", 16, 48, 20000, "skewness-aware"),
+        ("streamrl-72b", 32, 96, 20000, "skewness-aware"),
         ("streamrl-32b", 6, 58, 20000, "round-robin"),
         ("streamrl-32b", 4, 60, 20000, "round-robin"),
         ("streamrl-72b", 12, 116, 20000, "round-robin"),
@@ -51,8 +57,7 @@ def test_generation_time_is_within_4_percent_of_the_simulated(
         f"cluster.trainer.num_gpus={trainer_gpus}",
     ])  # fmt: skip
     simulated_s = Simulation(spec).run().metrics["generation_time_s"]
-    cost = build_cost_model(spec)
     workload = Workload(spec, RngStreams(spec.run.seed))
-    stages = stage_model(spec, mode_of(spec), cost, workload)  # as the run builds it
+    stages = stage_model(spec, mode_of(spec), build_cost_model(spec), workload)  # as the run
     estimate_s = stages.generation_s(spec.cluster.generation[0], generation_gpus)
     assert estimate_s == pytest.approx(simulated_s, rel=0.04)

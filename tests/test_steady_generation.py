@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from test_allocation import UnitCost, _cluster
 
-from policies.allocation import BalancedAllocation, StageModel
+from policies.allocation import BalancedAllocation
 from policies.cluster import GenerationPool
 from policies.protocols import Device
 from policies.spec import load_spec
+from policies.stage_model import StageModel
 from sim.simulator import Simulation
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments/configs"

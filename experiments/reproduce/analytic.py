@@ -3,7 +3,7 @@
 * Conventional RL generates B·G samples, then trains them: ``1/r = 1/r_gen + 1/r_train``.
   Generation keeps every instance full (H sequences, refilled as they finish) until the
   last H·I samples, which drain: that part sums per-step decode costs as the batch
-  shrinks (:meth:`policies.allocation.StageModel.generation_s`). Training prices the
+  shrinks (:meth:`policies.stage_model.StageModel.generation_s`). Training prices the
   batch's tokens plus G optimizer steps, each with its exposed gradient all-reduce
   (``sim.step_cost``, as the simulated trainer pays them).
 * PipelineRL: ``r = min(r_gen, r_train)`` with ``r_gen = U(H)·I`` for I generation GPUs at
@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from policies.allocation import StageModel
 from policies.protocols import Device
 from policies.rng import RngStreams
 from policies.spec import RunSpec
+from policies.stage_model import StageModel
 
 
 @dataclass(frozen=True, slots=True)
