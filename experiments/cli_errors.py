@@ -1,6 +1,7 @@
 """A command's errors as one line each and an exit code: the ``tandem`` command line's
 last layer (:func:`run_handler`). A user's mistake (a spec key, a path, a missing extra)
-is one line, never a traceback; a failed command leaves no empty ``--out`` of its own."""
+is one line, never a traceback, and says the user's text as typed (escaped: ``[x]`` is not
+markup to rich); a failed command leaves no empty ``--out`` of its own."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _handle(
     try:
         return handler(args)
     except SpecError as err:
-        console.print(f"[red]spec error[/red]: {err}")
+        console.print(f"[red]spec error[/red]: {escape(str(err))}", soft_wrap=True)
         return 2
     except MissingExtra as err:  # an optional dependency the command asked for
         console.print(f"[red]error[/red]: {escape(str(err))}", soft_wrap=True)
@@ -66,11 +67,11 @@ def _handle(
     except (ValueError, OSError) as err:  # user mistakes; a path it cannot read or write
         if isinstance(err, OSError) and err.filename is None:
             raise
-        said = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) else err
-        console.print(f"[red]error[/red]: {said}", soft_wrap=True)  # one line, to grep
+        said = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) else str(err)
+        console.print(f"[red]error[/red]: {escape(said)}", soft_wrap=True)  # one line, to grep
         return 2
     except LiveRunError as err:  # a process of a live run died: one line naming it
-        console.print(f"[red]error[/red]: {err}", soft_wrap=True)
+        console.print(f"[red]error[/red]: {escape(str(err))}", soft_wrap=True)
         return 1
     except ModuleNotFoundError as err:
         module = missing_live_module(err)

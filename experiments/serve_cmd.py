@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from experiments.arg_types import port, positive_float, positive_int
-from runtime.model import check_model_dir
+from runtime.model import check_model_dir, context_tokens
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -51,7 +51,32 @@ def add_serve_parser(sub: Any) -> None:
         default=None,
         help="KV cache of a CPU engine, GiB (default: VLLM_CPU_KVCACHE_SPACE, else 1)",
     )
+    serve.add_argument(
+        "--cores",
+        type=core_list,
+        default=None,
+        help="cores the engine's processes are pinned to, e.g. 0 or 0,1, or 'all' for vLLM's "
+        "own binding (default: the first half of this machine's cores, where a run's own "
+        "server goes: an attached run's trainer takes the other half)",
+    )
     serve.set_defaults(func=cmd_serve)
+
+
+def core_list(text: str) -> list[int]:
+    """``--cores``: a comma list of cores this process may use, or ``all`` (``[]``: none
+    pinned)."""
+    if text.strip() == "all":
+        return []
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        cores = sorted({int(c) for c in text.split(",") if c.strip()})
+    except ValueError:
+        cores = []
+    if not cores or not set(cores) <= set(allowed):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected 'all' or a comma list of cores among {allowed}"
+        )
+    return cores
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -69,8 +94,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"No module named {module!r}", name=module)
     check_model_dir(args.model_dir, "serve: model directory")
-    from runtime.procs import port_in_use
+    model_tokens = context_tokens(args.model_dir)
+    if model_tokens is not None and args.max_model_len > model_tokens:  # else vLLM's traceback
+        raise ValueError(
+            f"serve: --max-model-len ({args.max_model_len}) is longer than the model's context "
+            f"({model_tokens} tokens, max_position_embeddings of its config): make it at most "
+            f"{model_tokens}"
+        )
+    from runtime.procs import ENGINE_CORES_ENV, check_listen_host, port_in_use, split_cores
 
+    check_listen_host(args.host, "serve: --host")
     if port_in_use(args.host, args.port):  # else vLLM's traceback, after its engine started
         raise ValueError(
             f"serve: {args.host}:{args.port} is already in use (another server or process "
@@ -79,6 +112,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     env = {**os.environ, "TANDEM_TOKEN": token or ""}
     if args.api_key:
         env["TANDEM_API_KEY"] = args.api_key
+    cores = split_cores(1)[0] if args.cores is None else args.cores  # ``all``: []
+    if cores:  # as runtime.procs.start_server pins a run's own server
+        env["VLLM_CPU_OMP_THREADS_BIND"] = env[ENGINE_CORES_ENV] = ",".join(map(str, cores))
     cmd = [sys.executable, "-m", "runtime.server", args.model_dir, "--host", args.host,
            "--port", str(args.port), "--max-model-len", str(args.max_model_len),
            "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip

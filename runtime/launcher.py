@@ -52,6 +52,7 @@ from runtime.live_run import (
 from runtime.model import check_model_dir, context_tokens, state_shapes
 from runtime.procs import (
     ServerProcess,
+    check_listen_host,
     server_core_sets,
     split_cores,
     start_server,
@@ -98,6 +99,8 @@ def check_live_run(spec: RunSpec, ray_address: str | None = None) -> None:
     """A ``ValueError`` naming the key of what a live run (on ``ray_address``, if given)
     refuses; the CLI calls it before it makes the run directory."""
     _check_supported(spec)
+    if ray_address is None and not spec.live.server_urls:  # the run starts its servers here
+        check_listen_host(spec.live.host, "live.host")
     if ray_address is not None:  # what --ray cannot run stops here, before Ray starts
         from runtime.ray_launcher import check_ray_run
 

@@ -10,6 +10,7 @@ installed by the server) the engine-core and worker processes vLLM forks below i
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -69,14 +70,40 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """Would a server fail to listen on ``host:port`` (bound as uvicorn binds it)?"""
+    """Would a server fail to listen on ``host:port`` (bound as uvicorn binds it) because
+    something holds the port? Any other failure (a name that does not resolve, an address
+    not on this machine, a port it may not take) is a ``ValueError`` saying which."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return True
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return True
+            raise ValueError(
+                f"{host}:{port}: a server cannot listen there ({_reason(err)})"
+            ) from None
     return False
+
+
+def check_listen_host(host: str, key: str) -> None:
+    """A ``ValueError`` naming ``key`` unless a server can listen on ``host``: a name that
+    resolves to an address of this machine (before: "port already in use", whatever the
+    cause, and only once the run had started)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+    except OSError as err:
+        raise ValueError(
+            f"{key} {host!r}: a server cannot listen there ({_reason(err)}); give a name or "
+            "address of this machine, e.g. 127.0.0.1"
+        ) from None
+
+
+def _reason(err: OSError) -> str:
+    if isinstance(err, socket.gaierror):
+        return f"the name does not resolve: {err.strerror}"
+    return err.strerror or str(err)
 
 
 @dataclass(slots=True)
