@@ -66,9 +66,10 @@ def step_fields(samples: int, update: StepUpdate) -> str:
 class RunProgress:
     """A bar over ``total`` steps (None: unknown), ``completed`` of them done before it
     starts (a resumed run's), which trained ``completed_samples``; a context manager.
-    Without a terminal (CI, nohup) rich draws no bar until the end, so a plain line with
-    the same fields is printed instead, at most every ``plain_every_s`` seconds of
-    ``clock``."""
+    Without a terminal (CI, nohup) rich draws no bar until the end, and then cut to 80
+    columns (``lag 0.…``), so no bar is drawn: a plain line with the same fields is printed
+    instead, at most every ``plain_every_s`` seconds of ``clock``, and once more, whole, at
+    the end."""
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class RunProgress:
         self._done = completed
         self._fields = ""
         self._now = ""
+        self._last_plain_text = ""
 
     def __enter__(self) -> RunProgress:
         self._bar = Progress(
@@ -106,6 +108,7 @@ class RunProgress:
             TimeElapsedColumn(),
             console=self.console,
             transient=self.transient,
+            disable=not self.console.is_terminal,
         )
         self._bar.start()
         self._task = self._bar.add_task(
@@ -119,6 +122,8 @@ class RunProgress:
         logging.getLogger().removeHandler(self._handler)
         if self._bar is not None:
             self._bar.stop()
+            if not self.transient:
+                self._plain_line(last=True)
 
     def status(self, text: str) -> None:
         """Show ``text`` as what is happening now."""
@@ -149,16 +154,21 @@ class RunProgress:
             self._done += 1
             self._plain_line()
 
-    def _plain_line(self) -> None:
-        """Without a terminal, what the bar shows as one line, if it is time for one."""
+    def _plain_line(self, last: bool = False) -> None:
+        """Without a terminal, what the bar shows as one line, if it is time for one (or
+        the ``last``)."""
         now_s = self._clock()
-        if self.console.is_terminal or now_s - self._last_plain_s < self._plain_every_s:
+        if self.console.is_terminal or (
+            not last and now_s - self._last_plain_s < self._plain_every_s
+        ):
             return
-        self._last_plain_s = now_s
         steps = f"{self._done}/{self.total}" if self.total is not None else str(self._done)
-        parts = [self.label, f"{steps} steps", self._fields, self._now]
-        parts.append(f"{now_s - self._start_s:.0f} s")
-        self.console.print(" · ".join(p for p in parts if p), highlight=False, soft_wrap=True)
+        text = " · ".join(p for p in [self.label, f"{steps} steps", self._fields, self._now] if p)
+        if last and text == self._last_plain_text:  # said already
+            return
+        self._last_plain_s, self._last_plain_text = now_s, text
+        line = f"{text} · {now_s - self._start_s:.0f} s"
+        self.console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def chain(*callbacks: Callable[[StepUpdate], None] | None) -> Callable[[StepUpdate], None]:

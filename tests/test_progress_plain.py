@@ -77,3 +77,18 @@ def test_a_resumed_run_counts_its_steps_from_where_it_resumed():
         bar.on_step(_update(3))
     lines = [line for line in out.getvalue().splitlines() if line.startswith("r · sync ·")]
     assert lines == ["r · sync · 4/6 steps · 8 samples · reward 0.500 · lag 1.00 · 31 s"]
+
+
+def test_without_a_terminal_the_end_is_one_whole_line_not_a_bar_cut_at_80_columns():
+    """Before: rich drew the bar once at the end, cut to 80 columns (``lag 0.…``)."""
+    out, clock = io.StringIO(), Clock()
+    console = Console(file=out, force_terminal=False, width=80)
+    with RunProgress(console, "live-tiny · disagg-sync", 2, plain_every_s=30.0, clock=clock) as bar:
+        bar.on_step(_update(0))
+        bar.on_step(_update(1))
+        clock.now_s += 12
+        bar.status("stopping server 0")
+    assert out.getvalue().splitlines() == [
+        "live-tiny · disagg-sync · 2/2 steps · 16 samples · reward 0.500 · lag 1.00 · "
+        "stopping server 0 · 12 s"
+    ]
