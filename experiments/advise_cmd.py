@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from experiments.arg_types import non_negative_int, positive_float, positive_int
+from experiments.arg_types import non_negative_int, path_text, positive_float, positive_int
 from policies.spec import RunSpec
 
 # what ``tandem advise --out`` writes (``input.yaml``: the spec it was given)
@@ -32,7 +32,9 @@ def add_advise_parser(
         "advise", help="search modes, splits, tp and policies with the simulator; write a spec"
     )
     with_spec(p, None)
-    p.add_argument("--out", required=True, help="directory for best.yaml, advice.md, pareto.*")
+    p.add_argument(
+        "--out", type=path_text, required=True, help="directory for best.yaml, advice.md, pareto.*"
+    )
     p.add_argument(
         "--overwrite", action="store_true", help="replace the advice --out holds for another spec"
     )

@@ -37,6 +37,7 @@ import pandas as pd
 from experiments.advise_eval import METRIC_KEYS, Evaluation, run_candidate, short_iterations
 from experiments.advise_plan import Space, SpaceOptions, plan_space
 from experiments.advise_space import Candidate, PolicyChoice, Structure
+from experiments.arg_types import path_text
 from policies.results import write_atomic
 from policies.spec import RunSpec, load_spec
 
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m experiments.advise_grid", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("names", nargs="+", choices=BENCH_SPECS)
-    parser.add_argument("--out", default=str(FIXTURES), help="fixture directory")
+    parser.add_argument("--out", type=path_text, default=str(FIXTURES), help="fixture directory")
     parser.add_argument("--workers", type=int, default=1, help="simulation processes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

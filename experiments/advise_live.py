@@ -29,6 +29,7 @@ from rich.console import Console
 
 from experiments.advise import Advice
 from experiments.advise_space import Candidate, candidate_spec
+from experiments.arg_types import path_text
 from experiments.fidelity_plan import NO_CHECKPOINTS
 from policies.results import write_atomic
 from policies.spec import RunSpec
@@ -267,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["trace"])
     parser.add_argument("spec")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", required=True, help="trace file to write (.parquet)")
+    parser.add_argument(
+        "--out", type=path_text, required=True, help="trace file to write (.parquet)"
+    )
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args(argv)
     spec = load_spec(config_path(args.spec), args.set)

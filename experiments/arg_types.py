@@ -34,6 +34,17 @@ share = _bounded(float, 0, strict=False, high=1)  # a fraction, 0..1
 port = _bounded(int, 1, strict=False, high=65535)
 
 
+def path_text(text: str) -> str:
+    """A path argument (``--out``): an empty one (``--out "$UNSET"``) is refused, where it
+    read as no ``--out`` (a run went to its default directory) or as ``.``."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return text
+
+
+path_text.__name__ = "path"  # how argparse names the type
+
+
 def ray_address(text: str) -> str:
     """``--ray ADDRESS`` in a form Ray takes, refused by the parser at once (the run's own
     check came only after seconds of imports)."""

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from experiments.advise_cmd import ADVICE_FILES, add_advise_parser
-from experiments.arg_types import positive_int, ray_address
+from experiments.arg_types import path_text, positive_int, ray_address
 from experiments.cli_errors import run_handler
 from experiments.cli_live import Handler, add_live_commands
 from experiments.cli_tools import add_tool_commands
@@ -213,7 +213,9 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
     """run, sweep, advise, bench."""
     run = sub.add_parser("run", help="simulate (or, with --live, really run) one spec")
     _with_spec(run, DEFAULT_SPEC)
-    run.add_argument("--out", help="result directory (default: runs/NAME-MODE-TIME)")
+    run.add_argument(
+        "--out", type=path_text, help="result directory (default: runs/NAME-MODE-TIME)"
+    )
     run.add_argument("--live", action="store_true", help="real vLLM servers and torch trainer")
     run.add_argument(
         "--ray",
@@ -276,7 +278,7 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
     repro.add_argument("study", choices=["streamrl", "pipelinerl"], help="the paper's study")
     repro.add_argument("--quick", action="store_true", help="fewer iterations and points (≤ 60 s)")
     repro.add_argument(
-        "--out", help="report directory (default: runs/reproduce-STUDY, with --quick "
+        "--out", type=path_text, help="report directory (default: runs/reproduce-STUDY, with --quick "
         "runs/reproduce-STUDY-quick)",
     )  # fmt: skip
     repro.add_argument(
@@ -290,7 +292,7 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
     fit.add_argument(
         "trace", help="samples.parquet of a run, or CSV/parquet of prompt,output_tokens"
     )
-    fit.add_argument("--out", required=True, help="model file to write")
+    fit.add_argument("--out", type=path_text, required=True, help="model file to write")
     fit.add_argument(
         "--model", choices=["hgb", "ridge"], default="hgb", help="regressor (default hgb)"
     )

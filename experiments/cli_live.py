@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from experiments.arg_types import positive_int
+from experiments.arg_types import path_text, positive_int
 from experiments.guards import check_out_dir
 from experiments.progress import RunProgress
 from experiments.serve_cmd import add_serve_parser
@@ -127,12 +127,16 @@ def add_live_commands(
         help="profile: the live runtime's (cost_model.json); vidur: the GEMM efficiencies of "
         "the roofline from Vidur's data/profiling/compute CSVs (efficiency.json)",
     )  # fmt: skip
-    calib.add_argument("--out", required=True, help="directory for the fit and its plots")
+    calib.add_argument(
+        "--out", type=path_text, required=True, help="directory for the fit and its plots"
+    )
     calib.set_defaults(func=bind(cmd_calibrate))
 
     prof = sub.add_parser("profile", help="measure the live runtime's operators (for calibrate)")
     with_spec(prof, "live-tiny")
-    prof.add_argument("--out", required=True, help="profile directory (CSV tables, profile.json)")
+    prof.add_argument(
+        "--out", type=path_text, required=True, help="profile directory (CSV tables, profile.json)"
+    )
     prof.set_defaults(func=bind(cmd_profile))
 
     fid = sub.add_parser("fidelity", help="run a spec live and in the calibrated sim; compare")
@@ -147,7 +151,7 @@ def add_live_commands(
         default=1,
         help="live runs per case (seeds run.seed + r); medians",
     )
-    fid.add_argument("--out", required=True, help="report directory")
+    fid.add_argument("--out", type=path_text, required=True, help="report directory")
     fid.add_argument(
         "--report-only", action="store_true", help="rewrite the report of the cases in --out"
     )
@@ -202,7 +206,7 @@ def add_engine_commands(
     trace = sub.add_parser(
         "scheduler-trace", help="the simulator's engine against real vLLM, step by step"
     )
-    trace.add_argument("--out", required=True, help="report directory")
+    trace.add_argument("--out", type=path_text, required=True, help="report directory")
     trace.add_argument("--seed", type=int, default=0, help="seed of the trace")
     trace.set_defaults(func=bind(cmd_scheduler_trace))
 
@@ -210,7 +214,7 @@ def add_engine_commands(
         "policy-effects", help="dispatch and instance-count savings, live and in the sim"
     )
     effects.add_argument("--cost-model", required=True, help="a `tandem calibrate` directory")
-    effects.add_argument("--out", required=True, help="report directory")
+    effects.add_argument("--out", type=path_text, required=True, help="report directory")
     effects.add_argument("--seeds", type=positive_int, default=3, help="paired seeds (workloads)")
     effects.add_argument("--requests", type=positive_int, default=96, help="requests per workload")
     effects.set_defaults(func=bind(cmd_policy_effects))

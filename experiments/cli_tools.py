@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from experiments.arg_types import non_negative_int
+from experiments.arg_types import non_negative_int, path_text
 from experiments.specs import config_path
 from policies.spec import load_spec
 
@@ -92,7 +92,9 @@ def add_tool_commands(
         "export", help="a live run's trained policy as a Hugging Face model directory"
     )
     export.add_argument("run_dir", help="directory of a live run (holds checkpoints/)")
-    export.add_argument("--out", required=True, help="model directory to write (new or empty)")
+    export.add_argument(
+        "--out", type=path_text, required=True, help="model directory to write (new or empty)"
+    )
     export.add_argument(
         "--step",
         type=non_negative_int,
@@ -110,5 +112,7 @@ def add_tool_commands(
 
     trace = sub.add_parser("trace", help="(re)write a run's trace.json for Perfetto / Chrome")
     trace.add_argument("run_dir", help="a run directory (events.parquet, samples.parquet)")
-    trace.add_argument("--out", default=None, help="trace file (default: RUN_DIR/trace.json)")
+    trace.add_argument(
+        "--out", type=path_text, default=None, help="trace file (default: RUN_DIR/trace.json)"
+    )
     trace.set_defaults(func=handler(cmd_trace))

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from experiments.arg_types import non_negative_int, share
+from experiments.arg_types import non_negative_int, path_text, share
 from experiments.bench_peers import (
     DEFAULT_MODES,
     DEFAULT_ROUNDS,
@@ -91,7 +91,7 @@ def add_peers_options(bench: argparse.ArgumentParser) -> None:
         "--modes", nargs="+", default=None, metavar="MODE",
         help=f"peers: tandem modes to compare with TRL (default: {' '.join(DEFAULT_MODES)})",
     )  # fmt: skip
-    bench.add_argument("--out", default=None, help="peers: result directory "
+    bench.add_argument("--out", type=path_text, default=None, help="peers: result directory "
                        "(default: runs/bench-peers-TIME)")  # fmt: skip
     bench.add_argument(
         "--max-other-load", type=share, default=MAX_OTHER_SHARE, metavar="SHARE",

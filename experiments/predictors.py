@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
+from experiments.arg_types import path_text
 from experiments.ranker_source import ranker_for, sim_ranker, workload_trace
 from experiments.specs import config_path
 from policies.protocols import LengthPredictor
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--fit-iterations", type=int, default=8)
     sim.add_argument("--model", choices=["hgb", "ridge"], default="hgb")
     tasks = sub.add_parser("task-trace", help="write a task trace parquet (reference lengths)")
-    tasks.add_argument("--out", required=True)
+    tasks.add_argument("--out", type=path_text, required=True)
     tasks.add_argument("--seed", type=int, default=0)
     tasks.add_argument("--num-prompts", type=int, default=2000)
     tasks.add_argument("--max-output-tokens", type=int, default=128)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from experiments.arg_types import positive_float, positive_int, ray_address
+from experiments.arg_types import path_text, positive_float, positive_int, ray_address
 from experiments.guards import check_out_dir
 from policies.spec import RunSpec, SpecError
 from runtime.ray_session import LOCAL_RAY
@@ -74,6 +74,7 @@ def add_sweep_parser(
     )
     sweep.add_argument(
         "--out",
+        type=path_text,
         required=True,
         help="directory for results.csv/.parquet and points/; a second run resumes (skips done points)",
     )

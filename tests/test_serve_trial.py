@@ -102,3 +102,16 @@ def test_errors_show_brackets_as_typed_on_one_line(tmp_path, capsys):
     odd = tmp_path / "[" / "x]" / "a.yaml"  # before: rich.errors.MarkupError, exit 1
     assert main(["run", str(odd)]) == 2
     assert str(odd) in _flat(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "streamrl-7b"], ["reproduce", "streamrl"], ["export", "runs/x"], ["advise", "x"]],
+)
+def test_an_empty_out_is_refused_not_read_as_none_or_here(argv, capsys):
+    """Before: ``tandem run live-tiny --out ""`` (``--out "$UNSET"``) ran into its default
+    directory, and a required ``--out`` read ``""`` as the working directory."""
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--out", ""])
+    assert exited.value.code == 2
+    assert "argument --out: expected a path, got ''" in _flat(capsys.readouterr().err)
