@@ -99,7 +99,7 @@ def test_a_resumed_runs_bar_counts_the_samples_of_the_whole_run(tmp_path, monkey
     out = tmp_path / "run"
     _checkpointed(out, 3, samples_per_step=32)
     shown = _resumed_bar(out, monkeypatch, terminal=False)
-    assert "4/6 128 samples" in " ".join(shown.split())  # not "4/6 32 samples"
+    assert "4/6 steps · 128 samples" in " ".join(shown.split())  # not "4/6 steps · 32 samples"
 
 
 def test_a_resumed_live_run_says_so_on_the_console_at_the_default_level(tmp_path, monkeypatch):
