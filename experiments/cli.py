@@ -246,12 +246,7 @@ def _add_sim_commands(sub: argparse._SubParsersAction) -> None:
         help="sim: simulator speed; live: the pipeline modes; peers: tandem's modes against "
         "TRL's GRPOTrainer (extra: peers)",
     )
-    bench.add_argument(
-        "spec",
-        nargs="?",
-        default=None,
-        help="spec (default: streamrl-72b sim, live-tiny live/peers)",
-    )
+    bench.add_argument("spec", nargs="?", help="spec (default: streamrl-72b sim, live-tiny else)")
     bench.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key"
     )
