@@ -10,6 +10,7 @@ from typing import Any
 
 from experiments.arg_types import port, positive_float, positive_int
 from runtime.model import check_model_dir, context_tokens
+from runtime.tasks import check_model_context
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -94,14 +95,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"No module named {module!r}", name=module)
     check_model_dir(args.model_dir, "serve: model directory")
-    model_tokens = context_tokens(args.model_dir)
-    if model_tokens is not None and args.max_model_len > model_tokens:  # else vLLM's traceback
-        raise ValueError(
-            f"serve: --max-model-len ({args.max_model_len}) is longer than the model's context "
-            f"({model_tokens} tokens, max_position_embeddings of its config): make it at most "
-            f"{model_tokens}"
-        )
-    from runtime.procs import ENGINE_CORES_ENV, check_listen_host, port_in_use, split_cores
+    # else vLLM's traceback after its engine started
+    check_model_context(
+        args.max_model_len, context_tokens(args.model_dir), "serve: --max-model-len"
+    )
+    from runtime.procs import check_listen_host, engine_pinning, port_in_use, split_cores
 
     check_listen_host(args.host, "serve: --host")
     if port_in_use(args.host, args.port):  # else vLLM's traceback, after its engine started
@@ -114,7 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         env["TANDEM_API_KEY"] = args.api_key
     cores = split_cores(1)[0] if args.cores is None else args.cores  # ``all``: []
     if cores:  # as runtime.procs.start_server pins a run's own server
-        env["VLLM_CPU_OMP_THREADS_BIND"] = env[ENGINE_CORES_ENV] = ",".join(map(str, cores))
+        env.update(engine_pinning(cores))
     cmd = [sys.executable, "-m", "runtime.server", args.model_dir, "--host", args.host,
            "--port", str(args.port), "--max-model-len", str(args.max_model_len),
            "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip

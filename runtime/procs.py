@@ -121,6 +121,13 @@ class ServerProcess:
             return log.read().decode(errors="replace")
 
 
+def engine_pinning(cores: list[int]) -> dict[str, str]:
+    """The environment that pins a server's engine processes (and vLLM's OpenMP threads)
+    to ``cores``."""
+    listed = ",".join(map(str, cores))
+    return {"VLLM_CPU_OMP_THREADS_BIND": listed, ENGINE_CORES_ENV: listed}
+
+
 def start_server(
     instance_id: int, model_dir: str, host: str, port: int, token: str, cores: list[int],
     kv_cache_gib: float, max_model_len: int, max_num_seqs: int, log_dir: Path,
@@ -147,8 +154,7 @@ def start_server(
     env = {
         **os.environ,
         "TANDEM_TOKEN": token,
-        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
-        ENGINE_CORES_ENV: ",".join(map(str, cores)),
+        **engine_pinning(cores),
         ENGINE_NICE_ENV: str(engine_nice),
         "TANDEM_API_KEY": api_key or "",
     }

@@ -238,6 +238,17 @@ def task_set(spec: RunSpec) -> TaskSet:
     return TaskSet(spec.run.seed, w.num_prompts, w.max_output_tokens, mix=w.tasks)
 
 
+def check_model_context(max_model_len: int, model_tokens: int | None, where: str) -> None:
+    """A ``ValueError`` naming ``where`` if ``max_model_len`` is longer than the model's
+    context (``model_tokens``; None: unknown): vLLM refuses to start above it."""
+    if model_tokens is not None and max_model_len > model_tokens:
+        raise ValueError(
+            f"{where} ({max_model_len}) is longer than the model's context ({model_tokens} "
+            "tokens, max_position_embeddings of its config): vLLM would refuse to start; "
+            f"make it at most {model_tokens}"
+        )
+
+
 def check_context(
     tasks: TaskSet, max_model_len: int, where: str = "live.max_model_len",
     model_tokens: int | None = None,
@@ -257,11 +268,7 @@ def check_context(
             f"workload.max_output_tokens to at most {model_tokens - longest} "
             f"({where} cannot go above {model_tokens})"
         )
-    if model_tokens is not None and max_model_len > model_tokens:
-        raise ValueError(
-            f"{where} ({max_model_len}) is longer than {model}: vLLM would refuse to start; "
-            f"make it at most {model_tokens}"
-        )
+    check_model_context(max_model_len, model_tokens, where)
     if max_model_len < need:
         raise ValueError(
             f"{where} ({max_model_len}) is shorter than the longest prompt ({longest} tokens) "
