@@ -364,39 +364,3 @@ def test_elastic_step_size_from_the_spec():
     assert (e.instances_per_step, e.max_extra_instances) == (4, 3)
     # four at a time would exceed the cap of three: only three are added
     assert e.instances_to_add(1000.0, 0.0, 4) == 3
-
-
-def test_a_training_bound_simulation_retires_idle_instances_and_keeps_its_throughput():
-    shape = dict(
-        policies__allocation="elastic", pipeline__mode="one-step-async", run__iterations=8,
-        cluster__generation__0__num_gpus=4, cluster__trainer__num_gpus=1,
-        workload__lognormal_median_tokens=20.0, workload__max_output_tokens=60,
-        algorithm__batch_size=32, algorithm__group_size=4, policies__elastic__gpus_per_step=1,
-    )  # fmt: skip
-    kept = Simulation(small_spec(**shape)).run()
-    retired = Simulation(small_spec(**shape, policies__elastic__retire=True)).run()
-    frame = retired.samples_frame()
-    assert len(frame) == 8 * 32 and frame["sample_id"].is_unique
-    last_dispatch = frame.groupby("instance_id")["dispatch_s"].max()
-    # the newest go first, each after its last request; instance 0 is never retired
-    assert last_dispatch[3] < last_dispatch[2] < last_dispatch[1] < last_dispatch[0]
-    assert kept.samples_frame().groupby("instance_id")["dispatch_s"].max().nunique() == 1
-    assert retired.metrics["throughput_samples_per_s"] == pytest.approx(
-        kept.metrics["throughput_samples_per_s"], rel=0.01
-    )
-
-
-def test_an_elastic_simulation_scales_out_past_max_num_seqs_at_equal_wave_counts():
-    # 2 instances of 16 slots hold 32 requests each, 3 would hold 22: two waves either
-    # way, yet a third instance shortens generation, and elastic must see that
-    shape = dict(
-        pipeline__mode="one-step-async", run__iterations=6,
-        cluster__generation__0__num_gpus=2, cluster__generation__0__max_num_seqs=16,
-        cluster__trainer__num_gpus=8, algorithm__batch_size=64, algorithm__group_size=4,
-        policies__elastic__gpus_per_step=1, policies__elastic__max_extra_instances=1,
-        sim__instance_start_s=1.0,
-    )  # fmt: skip
-    fixed = Simulation(small_spec(**shape)).run()
-    elastic = Simulation(small_spec(**shape, policies__allocation="elastic")).run()
-    assert elastic.samples_frame()["instance_id"].nunique() == 3
-    assert elastic.metrics["throughput_samples_per_s"] > fixed.metrics["throughput_samples_per_s"]

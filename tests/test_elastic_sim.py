@@ -1,6 +1,7 @@
-"""Elastic generation in the simulator: an instance that starts while a weight push goes
-out still holds the newest weights once ready, so no barrier waits on it forever; and a
-run that stalls says why (``sim.run_loop``) instead of SimPy's generic error.
+"""Elastic generation in the simulator: it retires idle instances and scales out where
+more help; an instance that starts while a weight push goes out still holds the newest
+weights once ready, so no barrier waits on it forever; and a run that stalls says why
+(``sim.run_loop``) instead of SimPy's generic error.
 
 The spec below was drawn by ``test_properties``: one step finishes during the 0.5 s an
 added instance takes to start, so its push reached only the old instance; the added ones
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import simpy
-from helpers import make_spec
+from helpers import make_spec, small_spec
 
 from policies.modes.events import InstanceAdded
 from policies.spec import RunSpec
@@ -146,3 +147,39 @@ def test_run_until_done_raises_the_report_when_events_run_out():
     env.process(waits_forever())
     with pytest.raises(SimulationStalled, match="waiting for nothing"):
         run_until_done(env, env.event(), lambda: "waiting for nothing")
+
+
+def test_a_training_bound_simulation_retires_idle_instances_and_keeps_its_throughput():
+    shape = dict(
+        policies__allocation="elastic", pipeline__mode="one-step-async", run__iterations=8,
+        cluster__generation__0__num_gpus=4, cluster__trainer__num_gpus=1,
+        workload__lognormal_median_tokens=20.0, workload__max_output_tokens=60,
+        algorithm__batch_size=32, algorithm__group_size=4, policies__elastic__gpus_per_step=1,
+    )  # fmt: skip
+    kept = Simulation(small_spec(**shape)).run()
+    retired = Simulation(small_spec(**shape, policies__elastic__retire=True)).run()
+    frame = retired.samples_frame()
+    assert len(frame) == 8 * 32 and frame["sample_id"].is_unique
+    last_dispatch = frame.groupby("instance_id")["dispatch_s"].max()
+    # the newest go first, each after its last request; instance 0 is never retired
+    assert last_dispatch[3] < last_dispatch[2] < last_dispatch[1] < last_dispatch[0]
+    assert kept.samples_frame().groupby("instance_id")["dispatch_s"].max().nunique() == 1
+    assert retired.metrics["throughput_samples_per_s"] == pytest.approx(
+        kept.metrics["throughput_samples_per_s"], rel=0.01
+    )
+
+
+def test_an_elastic_simulation_scales_out_past_max_num_seqs_at_equal_wave_counts():
+    # 2 instances of 16 slots hold 32 requests each, 3 would hold 22: two waves either
+    # way, yet a third instance shortens generation, and elastic must see that
+    shape = dict(
+        pipeline__mode="one-step-async", run__iterations=6,
+        cluster__generation__0__num_gpus=2, cluster__generation__0__max_num_seqs=16,
+        cluster__trainer__num_gpus=8, algorithm__batch_size=64, algorithm__group_size=4,
+        policies__elastic__gpus_per_step=1, policies__elastic__max_extra_instances=1,
+        sim__instance_start_s=1.0,
+    )  # fmt: skip
+    fixed = Simulation(small_spec(**shape)).run()
+    elastic = Simulation(small_spec(**shape, policies__allocation="elastic")).run()
+    assert elastic.samples_frame()["instance_id"].nunique() == 3
+    assert elastic.metrics["throughput_samples_per_s"] > fixed.metrics["throughput_samples_per_s"]
