@@ -59,6 +59,11 @@ def _require(instances: Sequence[InstanceView]) -> None:
         raise ValueError("dispatch needs at least one generation instance")
 
 
+# the policies that may give an instance a second request while another idles (the stage
+# model dispatches a batch over every instance for them: ``BatchShares.spreads``)
+STACKING_DISPATCH = frozenset({"random"})
+
+
 @DISPATCH.register("random")
 class RandomDispatch:
     def __init__(self, rng: np.random.Generator | None = None) -> None:

@@ -24,10 +24,13 @@ shares is slower); one batch is priced alone, where the overlapping modes start 
 on the instances that finish first (they gain from instances that do not shorten one
 batch: ``policies.split_search`` breaks the ties this leaves towards generation). A
 continuous mode (``pipeline``) is priced at its steady state
-(:mod:`policies.steady_generation`), not with this. The stage model takes instances
-beyond the batch's requests to hold none (true of every dispatch but ``random``, which
-may stack requests on one instance while others idle), and beyond 128 instances
-dispatches at counts 10 % apart and interpolates (``StageModel._dispatched_s``).
+(:mod:`policies.steady_generation`), not with this. Where the dispatch gives no instance a
+second request while another idles (``BatchShares.spreads``: every policy but ``random``),
+the stage model takes the instances beyond the batch's requests to hold none and prices
+them at the batch's count; ``random``, which may stack requests on one instance while
+others idle, it dispatches over every instance. Beyond 128 instances it dispatches at
+counts 10 % apart and interpolates (``StageModel._dispatched_s``), so ``random``'s one
+draw at each of those counts stands for the counts between them.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class BatchShares:
     new_dispatch: Callable[[], DispatchPolicy]  # a fresh policy, built as the run builds it
     kv_capacity_tokens: KvCapacity  # an instance's KV cache, which its view shows dispatch
     new_batch: Callable[[], Batch]  # the batch to split (:func:`quantile_batch`), predicted
+    spreads: bool = True  # no request goes to a busy instance while one idles (not ``random``)
     _batch: Batch | None = field(default=None, init=False, repr=False)
 
     @property
@@ -90,7 +94,10 @@ class BatchShares:
             for i in range(num_instances)
         ]
         ids = np.asarray(self.new_dispatch().assign(self.batch.requests, views))
-        return [self.batch.lengths[ids == v.instance_id] for v in views]
+        order = np.argsort(ids, kind="stable")  # by instance, each in the batch's order
+        starts = np.searchsorted(ids[order], np.arange(num_instances + 1))
+        lengths = self.batch.lengths[order]
+        return [lengths[starts[i] : starts[i + 1]] for i in range(num_instances)]
 
 
 def quantile_batch(output_tokens: Sequence[int], batch_size: int, prompt_tokens: float) -> Batch:

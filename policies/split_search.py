@@ -26,7 +26,10 @@ priced exactly), each priced only while that bound can still reach the band of t
 found. Training only slows as generation takes GPUs, so the splits with the most
 generation GPUs are never priced once training alone is slower than the best split. A
 split left unpriced cannot rank first, so the search returns what pricing every split
-would (``tests/test_allocation_ties.py`` checks both).
+would (``tests/test_allocation_ties.py`` checks both). The floor is a lower bound only for a
+cost model whose decode step meets its premise (:mod:`policies.floor_premise`, checked once
+a pool shape); for one that does not, such as a calibrated fit whose token costs more in a
+full batch, the floor is 0 and every split is priced (``tests/test_floor_premise.py``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ the optimizer step (``StageModel.step_cost``: the simulator's own ``sim.step_cos
 (``StageModel.step_generation_s``): a batch's, or for a continuous mode (``pipeline``,
 which never waits for a batch to drain) the steady state's, capacity or the longest
 request over ``lag + 1`` steps (:mod:`policies.steady_generation`). ``balanced`` also asks
-for a cheap lower bound on it (``generation_floor_s``), to skip the splits that cannot
+for a cheap lower bound on it (``generation_floor_s``; 0 where the cost model breaks the
+premise that makes it one, :mod:`policies.floor_premise`), to skip the splits that cannot
 win, and for the batch split evenly (``even_generation_s``), the capacity its tie-break
 weighs (:mod:`policies.split_search`). Dispatching and pricing a batch is cached per
 pool shape and instance count, and an instance's pricing per set of lengths, in the
@@ -44,6 +45,7 @@ model's own dictionaries (one model per run).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,11 +58,14 @@ from policies.cluster import GenerationPool
 from policies.data_parallel import busy_trainer_gpus, micro_batches_per_gpu
 from policies.decode_estimate import InstanceDecode
 from policies.dispatch_shares import BatchShares, share_s
+from policies.floor_premise import floor_premise_holds
 from policies.protocols import CostModel, Device
 from policies.steady_generation import SteadyDecode
 
 EXACT_INSTANCES = 128  # up to this many instances the batch is dispatched at every count
 DISPATCH_GRID = 1.1  # beyond, at counts this ratio apart (interpolated between)
+
+log = logging.getLogger(__name__)
 
 
 class OptimizerStepCost(Protocol):
@@ -115,6 +120,9 @@ class StageModel:
     _priced_shares: dict[tuple[object, ...], float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )  # one instance's time by pool shape and its lengths (instance counts share many)
+    _floor_holds: dict[tuple[object, ...], bool] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )  # whether the cost model meets the floor's premise, by pool shape
 
     def step_generation_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
         """Generation time one optimizer step costs: a batch's (:meth:`generation_s`), or in
@@ -156,11 +164,15 @@ class StageModel:
 
     def generation_floor_s(self, pool: GenerationPool, num_gpus: int | None = None) -> float:
         """A lower bound on :meth:`step_generation_s` that dispatches nothing: under the
-        run's dispatch, the batch's tokens at the fewest seconds a token (every slot busy at
-        the shortest context) spread over every instance, and the longest request decoded
-        alone; 0 where generation is cheap to price (no ``shares``, or a continuous mode)."""
+        run's dispatch, the batch's tokens at the fewest seconds a token (every slot busy,
+        each sequence at ``prompt + mean / 2`` tokens of context) spread over every
+        instance, and the longest request decoded alone. 0 where generation is cheap to
+        price (no ``shares``, or a continuous mode), and where the cost model's decode step
+        breaks the premise that makes this a lower bound (:mod:`policies.floor_premise`)."""
         instances = (num_gpus or pool.num_gpus) // pool.tp
         if self.shares is None or self.continuous_lag is not None or instances <= 0:
+            return 0.0
+        if not self._floor_premise_holds(pool):  # pricing every split is exact
             return 0.0
         device, slots = Device(pool.hardware, pool.tp), pool.max_num_seqs
         lengths = self.shares.batch.lengths
@@ -173,29 +185,56 @@ class StageModel:
         )
         return max(capacity_s, longest_s)
 
+    def _floor_premise_holds(self, pool: GenerationPool) -> bool:
+        """:func:`policies.floor_premise.floor_premise_holds` for an instance of ``pool``
+        over the batch's contexts, checked once a pool shape (and logged where it fails)."""
+        key = self._pool_key(pool)
+        if key not in self._floor_holds:
+            assert self.shares is not None
+            prompt, longest = int(self.prompt_tokens), int(self.shares.batch.lengths.max())
+            device = Device(pool.hardware, pool.tp)
+            holds = floor_premise_holds(
+                self.cost, device, pool.max_num_seqs, prompt, prompt + longest
+            )
+            if not holds:
+                log.info(
+                    "balanced: the cost model's decode step on %s × %d (max_num_seqs %d) "
+                    "breaks the generation floor's premise (policies.floor_premise), so the "
+                    "split search prices every split of this pool",
+                    pool.hardware, pool.tp, pool.max_num_seqs,
+                )  # fmt: skip
+            self._floor_holds[key] = holds
+        return self._floor_holds[key]
+
     def _dispatched_s(self, pool: GenerationPool, instances: int) -> float:
         """The slowest instance's prefill and decode of the lengths ``shares`` assigns it
-        (:mod:`policies.dispatch_shares`). Instances beyond the batch's requests hold none;
-        beyond ``EXACT_INSTANCES`` the batch is dispatched at counts ``DISPATCH_GRID``
-        apart and the time between them interpolated (a 16384-GPU pool would otherwise
-        dispatch a batch thousands of times)."""
-        instances = min(instances, self.batch_size)
+        (:mod:`policies.dispatch_shares`). Instances beyond the batch's requests hold none
+        where the dispatch spreads the batch (``BatchShares.spreads``); ``random`` is
+        dispatched over them all. Beyond ``EXACT_INSTANCES`` the batch is dispatched at
+        counts ``DISPATCH_GRID`` apart and the time between them interpolated (a 16384-GPU
+        pool would otherwise dispatch a batch thousands of times)."""
+        assert self.shares is not None
+        if self.shares.spreads:  # the instances beyond the batch's requests hold none
+            instances = min(instances, self.batch_size)
         if instances <= EXACT_INSTANCES:
             return self._dispatched_at(pool, instances)
         below = EXACT_INSTANCES
         while (above := math.ceil(below * DISPATCH_GRID)) < instances:
             below = above
-        above = min(above, self.batch_size)
+        if self.shares.spreads:  # else a grid point past the pool: its dispatch is cached
+            above = min(above, self.batch_size)
         low_s, high_s = self._dispatched_at(pool, below), self._dispatched_at(pool, above)
         return low_s + (high_s - low_s) * (instances - below) / (above - below)
 
     def _dispatched_at(self, pool: GenerationPool, instances: int) -> float:
-        """:meth:`_dispatched_s` at one count, dispatched once a pool shape and count."""
+        """:meth:`_dispatched_s` at one count, dispatched once a pool shape and count (the
+        instances that hold nothing take no time)."""
         key = (*self._pool_key(pool), instances)
         if key not in self._dispatched:
             assert self.shares is not None
             own_shares = self.shares.shares(pool, instances)
-            self._dispatched[key] = max(self._share_s(pool, own) for own in own_shares)
+            busy = [own for own in own_shares if len(own)]
+            self._dispatched[key] = max((self._share_s(pool, own) for own in busy), default=0.0)
         return self._dispatched[key]
 
     def _share_s(self, pool: GenerationPool, lengths: np.ndarray) -> float:

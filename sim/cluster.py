@@ -12,6 +12,7 @@ from policies.allocation import AllocationPolicy, BalancedAllocation
 from policies.build import build_allocation, build_dispatch, build_predictor, mode_of
 from policies.calibrated import CalibratedCosts
 from policies.cluster import ClusterSection, GenerationPool, TrainerPool
+from policies.dispatch import STACKING_DISPATCH
 from policies.dispatch_shares import Batch, BatchShares, quantile_batch
 from policies.logs import held_warnings
 from policies.modes import ModeTraits
@@ -134,6 +135,7 @@ def batch_shares(
         lambda: build_dispatch(spec, cost, rngs.get("stage-model-dispatch")),  # same draws
         cost.kv_capacity_tokens,
         predicted_batch,
+        spreads=spec.policies.dispatch not in STACKING_DISPATCH,
     )
 
 
