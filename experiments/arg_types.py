@@ -34,6 +34,20 @@ share = _bounded(float, 0, strict=False, high=1)  # a fraction, 0..1
 port = _bounded(int, 1, strict=False, high=65535)
 
 
+def positive_ints(text: str) -> tuple[int, ...]:
+    """``1,8,64``: distinct positive integers, in increasing order."""
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(positive_int(part.strip()))
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{err} in {text!r}") from None
+    return tuple(sorted(set(values)))
+
+
+positive_ints.__name__ = "comma-separated integers >= 1"
+
+
 def path_text(text: str) -> str:
     """A path argument (``--out``): an empty one (``--out "$UNSET"``) is refused, where it
     read as no ``--out`` (a run went to its default directory) or as ``.``."""

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from experiments.arg_types import path_text, positive_int
+from experiments.arg_types import path_text, positive_int, positive_ints
 from experiments.guards import check_out_dir
 from experiments.progress import RunProgress
 from experiments.serve_cmd import add_serve_parser
@@ -71,9 +71,11 @@ def cmd_profile(args: argparse.Namespace, console: Console, err_console: Console
     from runtime.profiler import ProfilePlan, check_profile_spec, profile_runtime
 
     spec = _spec_of(args)
-    check_profile_spec(spec)  # before run_log makes --out
-    check_out_dir(args.out)
     plan = ProfilePlan()
+    if args.batch_sizes:
+        plan = plan.with_batch_sizes(args.batch_sizes)
+    check_profile_spec(spec, plan)  # before run_log makes --out
+    check_out_dir(args.out)
     with run_log(args.out), RunProgress(err_console, "profile", plan.num_measurements) as bar:
         out = profile_runtime(spec, Path(args.out), plan, bar.advance)
     console.print(f"profile in [bold]{out}[/bold] (next: tandem calibrate {out} --out DIR)")
@@ -137,6 +139,12 @@ def add_live_commands(
     prof.add_argument(
         "--out", type=path_text, required=True, help="profile directory (CSV tables, profile.json)"
     )
+    prof.add_argument(
+        "--batch-sizes", type=positive_ints, metavar="B1,B2,...",
+        help="decode batches to measure (default 1,3,10,20,40,64); calibrated runs whose "
+        "max_num_seqs exceeds the largest extrapolate the fit. Each must be <= the spec's "
+        "cluster.generation.0.max_num_seqs",
+    )  # fmt: skip
     prof.set_defaults(func=bind(cmd_profile))
 
     fid = sub.add_parser("fidelity", help="run a spec live and in the calibrated sim; compare")

@@ -10,6 +10,7 @@ decode time is affine in context tokens, which keeps the simulator's fast-forwar
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any
 
 from policies.profile_source import ProfiledSetup, ProfileTarget, check_profile_source
 from policies.protocols import Device
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CalibratedCosts", "ProfileTarget", "ProfiledSetup", "cost_model_path"]
 
@@ -102,6 +105,22 @@ def _read_json(path: Path, prefix: str) -> dict[str, Any]:
     return data
 
 
+def _measured_decode_batch(data: dict[str, Any]) -> int | None:
+    """The largest decode batch behind a cost model: its ``measured_range`` (``tandem
+    calibrate`` records it), else its profile's plan; None where neither says."""
+    span = _dict(_dict(data.get("measured_range")).get("decode")).get("batch_size")
+    if isinstance(span, list) and span and _positive(span[-1]):
+        return int(span[-1])
+    sizes = _dict(_dict(data.get("source")).get("plan")).get("batch_sizes")
+    if isinstance(sizes, list) and sizes and all(_positive(b) for b in sizes):
+        return int(max(sizes))
+    return None
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
@@ -137,6 +156,9 @@ class CalibratedCosts:
     # bounds it from first principles: ``sim.trained_model``); 0: unknown, the whole step
     # is taken as a per-step cost
     optimizer_state_s: float = 0.0
+    # the largest decode batch the profile measured (None: not recorded); beyond it the
+    # decode fit extrapolates
+    measured_decode_batch: int | None = None
 
     @classmethod
     def load(cls, path: Path, target: ProfileTarget | None = None) -> CalibratedCosts:
@@ -156,14 +178,34 @@ class CalibratedCosts:
         for key in ("weight_bytes", "kv_capacity_tokens"):
             if not _positive(data.get(key)):
                 raise ValueError(f"{path}: {key} is {data.get(key)!r}, not a positive number")
-        return cls(
+        costs = cls(
             fits,
             float(data["weight_bytes"]),
             int(data["kv_capacity_tokens"]),
             source,
             Path(path),
             ProfiledSetup.of(source),
+            measured_decode_batch=_measured_decode_batch(data),
         )
+        if target is not None:
+            costs.warn_extrapolated_batches(target)
+        return costs
+
+    def warn_extrapolated_batches(self, target: ProfileTarget) -> None:
+        """A warning for each generation pool whose ``max_num_seqs`` exceeds the largest
+        batch the profile measured: its steps are the decode fit extrapolated."""
+        measured = self.measured_decode_batch
+        for i, seqs in enumerate(target.max_num_seqs):
+            if measured is None or seqs <= measured:
+                continue
+            rising = self.decode_fixed_s(seqs) / seqs > self.decode_fixed_s(measured) / measured
+            log.warning(
+                "cluster.generation.%d.max_num_seqs: %d, but %s measured decode at batches of "
+                "at most %d: larger ones are priced by its fit (%s) extrapolated%s; profile "
+                "them (tandem profile --batch-sizes ...,%d) to price them as measured",
+                i, seqs, self.path, measured, "+".join(self.fits["decode"].bases),
+                ", whose cost a token rises past the measured batches" if rising else "", seqs,
+            )  # fmt: skip
 
     def training_share(self, device: Device) -> float:
         """The profiled trainer's GPUs over ``device``'s: the tokens (and optimizer state)

@@ -83,6 +83,7 @@ class ProfileTarget:
     hardware: tuple[str, ...]
     tps: tuple[int, ...] = ()  # per row of cluster.generation
     trainer_hardware: str | None = None
+    max_num_seqs: tuple[int, ...] = ()  # per row of cluster.generation
 
     key: str = "sim.cost_model"
 
@@ -91,7 +92,8 @@ class ProfileTarget:
         pools = spec.cluster.generation
         hardware = tuple(dict.fromkeys(pool.hardware for pool in pools))
         tps = tuple(pool.tp for pool in pools)
-        return cls(spec.model.name, hardware, tps, spec.cluster.trainer.hardware, key)
+        seqs = tuple(pool.max_num_seqs for pool in pools)
+        return cls(spec.model.name, hardware, tps, spec.cluster.trainer.hardware, seqs, key)
 
 
 def check_profile_source(source: dict[str, Any], path: Path, target: ProfileTarget) -> None:

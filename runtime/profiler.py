@@ -62,37 +62,12 @@ from runtime.profile_bursts import (
     warm_up,
 )
 from runtime.profile_files import describe, kv_capacity_from_log, write_profile
+from runtime.profile_plan import SETUP_STEPS, ProfilePlan
 from runtime.tasks import TaskSet, check_context, task_set
 from runtime.trainer import TrainItem, token_logprobs
 from runtime.trainer_proc import ServerAddr, TrainerProcess
 
 Progress = Callable[[str], None]
-
-
-@dataclass(slots=True, frozen=True)
-class ProfilePlan:
-    """The measured grid. Defaults avoid live-tiny's batch (32) and micro-batch (8)."""
-
-    batch_sizes: tuple[int, ...] = (1, 3, 10, 20, 40, 64)  # concurrent requests
-    max_tokens: tuple[int, ...] = (24, 112)  # decode steps per burst (+1)
-    repeats: int = 2  # bursts per point; the median is kept
-    micro_batch_samples: tuple[int, ...] = (2, 4, 12, 16)
-    train_repeats: int = 3  # micro-batches (different prompts) per size
-    num_pushes: int = 6  # weight pushes, every second one in flight
-    contended_batch_sizes: tuple[int, ...] = (3, 20, 64)  # decode again, the trainer busy
-    contended_micro_batches: tuple[int, ...] = (4, 12)  # train again, generation busy
-
-    @property
-    def num_measurements(self) -> int:
-        """The progress ticks of a profile: its setup steps and every measurement."""
-        decode = len(self.batch_sizes) * (1 + len(self.max_tokens))
-        contended = len(self.contended_batch_sizes) * len(self.max_tokens)
-        contended += len(self.contended_micro_batches)
-        train = len(self.micro_batch_samples) * self.train_repeats
-        return len(SETUP_STEPS) + decode + train + self.num_pushes + contended
-
-
-SETUP_STEPS = ("server up", "warm-up")  # ticked before the first measurement
 
 
 @dataclass(slots=True)
@@ -109,8 +84,8 @@ def profile_runtime(
     spec: RunSpec, out_dir: Path, plan: ProfilePlan | None = None, progress: Progress | None = None
 ) -> Path:
     """Profile ``spec``'s runtime (one server, one trainer); write the tables to ``out_dir``."""
-    check_profile_spec(spec)
     plan = plan or ProfilePlan()
+    check_profile_spec(spec, plan)
     tick = progress or (lambda _: None)
     out_dir = Path(out_dir)
     model_dir = model_dir_for(spec)
@@ -142,9 +117,10 @@ def profile_runtime(
     return out_dir
 
 
-def check_profile_spec(spec: RunSpec) -> None:
-    """What a profile of ``spec`` needs, checked before a server or trainer starts (a
-    missing model directory failed ~20 s in, as a server's traceback)."""
+def check_profile_spec(spec: RunSpec, plan: ProfilePlan | None = None) -> None:
+    """What a profile of ``spec`` by ``plan`` needs, checked before a server or trainer
+    starts (a missing model directory failed ~20 s in, as a server's traceback)."""
+    (plan or ProfilePlan()).check_batches(spec.cluster.generation[0].max_num_seqs)
     if spec.model.path:
         check_model_dir(spec.model.path, "model.path")
     model_tokens = context_tokens(spec.model.path or None)

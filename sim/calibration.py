@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +165,8 @@ class OperatorCalibration:
     measured_s: np.ndarray
     heldout_predicted_s: np.ndarray  # each point predicted by a fit that did not see it
     estimator: str = "least-squares"  # one of ESTIMATORS
+    # each input column's least and largest measured value: a fit beyond them extrapolates
+    measured_range: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def _design(frame: pd.DataFrame, inputs: dict[str, str], bases: tuple[str, ...]) -> np.ndarray:
@@ -269,7 +271,8 @@ def calibrate_operator(
     coefs = _fit(_design(frame, inputs, bases), y, estimator)
     fit = OperatorFit(bases, tuple(float(c) for c in coefs), scores[best])
     named = {_candidate_name(*k): v for k, v in scores.items()}
-    return OperatorCalibration(name, fit, named, y, preds[best], estimator)
+    ranges = {c: (float(frame[c].min()), float(frame[c].max())) for c in inputs.values()}
+    return OperatorCalibration(name, fit, named, y, preds[best], estimator, ranges)
 
 
 def _candidate_name(bases: tuple[str, ...], estimator: str) -> str:
@@ -330,4 +333,8 @@ def cost_model_document(fits: dict[str, OperatorCalibration], profile: dict) -> 
         "source": profile,
         "operators": {name: c.fit.to_dict() for name, c in fits.items()},
         "candidates": {name: c.candidates for name, c in fits.items()},
+        "measured_range": {
+            name: {col: list(span) for col, span in c.measured_range.items()}
+            for name, c in fits.items()
+        },
     }
