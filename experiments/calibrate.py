@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -23,6 +23,7 @@ from sim.calibration import (
     skipped_operators,
 )
 from sim.profile_checks import check_profile_info
+from sim.tables import Hardware
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,9 @@ def parity_plot(c: OperatorCalibration, path: Path) -> None:
     save_figure(fig, path)
 
 
-def load_profile_info(profile_dir: Path) -> dict:
-    """``profile_dir``'s profile.json, checked (a ValueError naming the file)."""
+def load_profile_info(profile_dir: Path, hardware: Mapping[str, Hardware] | None = None) -> dict:
+    """``profile_dir``'s profile.json, checked (a ValueError naming the file); its hardware
+    must be ``cpu`` or in ``hardware`` (default: hardware.csv)."""
     path = profile_dir / "profile.json"
     if not profile_dir.is_dir():
         raise ValueError(f"{profile_dir}: no such directory (give a `tandem profile` directory)")
@@ -54,17 +56,21 @@ def load_profile_info(profile_dir: Path) -> dict:
         profile = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not JSON ({err})") from None
-    check_profile_info(profile, path)
+    check_profile_info(profile, path, hardware)
     return profile
 
 
 def calibrate(
-    profile_dir: Path, out: Path, note: Callable[[str], None] | None = None
+    profile_dir: Path,
+    out: Path,
+    note: Callable[[str], None] | None = None,
+    hardware: Mapping[str, Hardware] | None = None,
 ) -> dict[str, OperatorCalibration]:
     """Fit ``profile_dir`` and write the cost model, its errors and parity plots to ``out``;
-    ``note`` hears of each operator skipped, and why (default: the log)."""
+    ``note`` hears of each operator skipped, and why (default: the log); ``hardware``: the
+    GPUs the profile may name (a spec's ``sim.tables.hardware_of``; default hardware.csv)."""
     note = note or log.warning
-    profile = load_profile_info(profile_dir)
+    profile = load_profile_info(profile_dir, hardware)
     for name, why in skipped_operators(profile_dir).items():
         note(f"{name} not calibrated: {why}")
     fits = calibrate_profile(profile_dir, note)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,6 +19,9 @@ from experiments.serve_cmd import add_serve_parser
 from experiments.specs import config_path
 from policies.logs import run_log
 from policies.spec import RunSpec, load_spec
+
+if TYPE_CHECKING:
+    from sim.tables import Hardware
 
 Handler = Callable[[argparse.Namespace, Console, Console], int]  # (args, stdout, stderr)
 
@@ -45,16 +48,20 @@ def cmd_calibrate(args: argparse.Namespace, console: Console, err_console: Conso
     from experiments.calibrate import calibrate, calibrate_from_vidur
 
     if args.source == "vidur":
+        if args.spec or args.set:
+            raise ValueError("--spec and --set are for a profile's GPUs, not --from vidur")
         console.print(calibrate_from_vidur(Path(args.profile_dir), check_out_dir(args.out)))
         console.print(
             f"efficiencies in [bold]{args.out}[/bold] (use sim.cost_model=roofline:"
             f"{Path(args.out).resolve()})"
         )
         return 0
+    hardware = _hardware_of(args)
     fits = calibrate(
         Path(args.profile_dir),
         check_out_dir(args.out),
         note=lambda text: console.print(f"[yellow]note[/yellow]: {escape(text)}", soft_wrap=True),
+        hardware=hardware,
     )
     table = Table(title="held-out error per operator")
     for col in ("operator", "model", "held-out MAPE"):
@@ -65,6 +72,16 @@ def cmd_calibrate(args: argparse.Namespace, console: Console, err_console: Conso
     out = Path(args.out).resolve()
     console.print(f"cost model in [bold]{out}[/bold] (use sim.cost_model=profiled:{out})")
     return 0
+
+
+def _hardware_of(args: argparse.Namespace) -> dict[str, Hardware] | None:
+    """calibrate's known GPUs: hardware.csv with the rows of ``--spec`` / ``--set``'s
+    ``sim.hardware`` (None: hardware.csv alone)."""
+    from sim.tables import hardware_of
+
+    if not (args.spec or args.set):
+        return None
+    return hardware_of(load_spec(config_path(args.spec) if args.spec else None, args.set))
 
 
 def cmd_profile(args: argparse.Namespace, console: Console, err_console: Console) -> int:
@@ -132,6 +149,16 @@ def add_live_commands(
     calib.add_argument(
         "--out", type=path_text, required=True, help="directory for the fit and its plots"
     )
+    calib.add_argument(
+        "--spec",
+        help="the spec you will run the cost model with: its sim.hardware rows name GPUs "
+        "hardware.csv does not list, which the profile may then name (only sim.hardware is read)",
+    )
+    calib.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a key of --spec (default: the defaults), e.g. 'sim.hardware=[{name: "
+        "MYGPU, bf16_dense_tflops: 600, hbm_gb: 96, hbm_tb_per_s: 4, nvlink_gb_per_s: 600}]'",
+    )  # fmt: skip
     calib.set_defaults(func=bind(cmd_calibrate))
 
     prof = sub.add_parser("profile", help="measure the live runtime's operators (for calibrate)")

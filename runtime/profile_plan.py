@@ -23,6 +23,12 @@ class ProfilePlan:
         """This plan decoding batches of ``sizes``, and under training the least, a middle
         and the largest of them."""
         ordered = sorted(set(sizes))
+        if len(ordered) < 2:
+            raise ValueError(
+                f"--batch-sizes: one batch size ({ordered[0]}); tandem calibrate needs at least "
+                "2 distinct batch sizes to separate a decode step's fixed cost from its "
+                "per-sequence cost (and prefill's fixed cost from its per-token cost)"
+            )
         middle = ordered[len(ordered) // 2]
         contended = tuple(sorted({ordered[0], middle, ordered[-1]}))
         return replace(self, batch_sizes=tuple(ordered), contended_batch_sizes=contended)

@@ -31,10 +31,10 @@ from policies.sim_section import EfficiencySection
 from sim.costs import RooflineCostModel
 from sim.models import model
 from sim.profile_checks import (
-    check_decode_batches,
     check_measurements,
     check_weight_sync,
     decode_warnings,
+    inseparable_error,
 )
 from sim.tables import data_path
 
@@ -256,11 +256,9 @@ def calibrate_operator(
             f"{source}: operator {name} needs at least 2 positive measurements of {target}, "
             f"got {len(frame)}"
         )
-    if name == "decode":
-        check_decode_batches(frame, source)
     y = frame[target].to_numpy(float)
     scores, preds = {}, {}
-    for bases in candidates:
+    for bases in _separable(frame, inputs, candidates, name, source):
         x = _design(frame, inputs, bases)
         for estimator in ESTIMATORS:
             preds[bases, estimator] = _heldout(x, y, estimator)
@@ -273,6 +271,29 @@ def calibrate_operator(
     named = {_candidate_name(*k): v for k, v in scores.items()}
     ranges = {c: (float(frame[c].min()), float(frame[c].max())) for c in inputs.values()}
     return OperatorCalibration(name, fit, named, y, preds[best], estimator, ranges)
+
+
+def _separable(
+    frame: pd.DataFrame,
+    inputs: dict[str, str],
+    candidates: list[tuple[str, ...]],
+    name: str,
+    source: str,
+) -> list[tuple[str, ...]]:
+    """The candidate basis sets whose terms the rows tell apart (the design has full column
+    rank): one size of an input cannot split a fixed cost from a per-unit one, two cannot
+    fit a quadratic. ``weight_sync.csv`` at the model's one size fits a constant; a table
+    where no candidate is left is refused, naming the column."""
+    distinct = frame[sorted(set(inputs.values()))].drop_duplicates()
+    kept = [bases for bases in candidates if _full_rank(_design(distinct, inputs, bases))]
+    if not kept:
+        raise inseparable_error(frame, sorted(set(inputs.values())), name, source)
+    return kept
+
+
+def _full_rank(x: np.ndarray) -> bool:
+    scaled = x / (np.abs(x).max(axis=0) + 1e-30)  # bytes next to a constant: scale columns
+    return int(np.linalg.matrix_rank(scaled)) == x.shape[1]
 
 
 def _candidate_name(bases: tuple[str, ...], estimator: str) -> str:

@@ -4,20 +4,22 @@ Each check raises a ValueError naming the file, the row (1 = the first row under
 header) and the column, or returns warnings for what is legal but implausible. A profile
 that fits without complaint can still be wrong; these catch what a fit would hide: a
 negative or zero duration, a batch of -1 sequences, milliseconds in a seconds column, a
-decode table that cannot separate a step's fixed cost from its per-sequence cost.
+table measured at one size, which cannot separate a fixed cost from a per-unit cost.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 
 from policies.profile_source import ProfiledSetup
-from sim.tables import hardware_table
+from sim.tables import Hardware, hardware_table
 
 PROFILE_KEYS = ("weight_bytes", "kv_capacity_tokens")  # profile.json numbers the model keeps
+SETUP_SECTIONS = ("model", "hardware", "trainer")  # profile.json objects of what it measured
 CPU = "cpu"  # a CPU profile's hardware (hardware.csv lists GPUs only)
 
 # the smallest value each input column may hold
@@ -48,16 +50,31 @@ def check_measurements(frame: pd.DataFrame, target: str, inputs: list[str], sour
                 )
 
 
-def check_decode_batches(frame: pd.DataFrame, source: str) -> None:
-    """A decode fit needs two batch sizes or more: with one, its fixed and per-sequence
-    terms are the same column and the fit splits the step between them arbitrarily."""
-    sizes = sorted(set(frame["batch_size"]))
-    if len(sizes) < 2:
-        raise ValueError(
-            f"{source}: column batch_size: every row has batch size {sizes[0]:g}; the decode "
-            "fit needs at least 2 distinct batch sizes to separate a step's fixed cost from "
-            "its per-sequence cost (profile more batch sizes)"
-        )
+# what a fit's per-unit term of each input column is per, and what to profile more of
+PER_UNIT = {
+    "batch_size": ("sequence", "batch sizes"),
+    "num_tokens": ("token", "token counts"),
+    "num_bytes": ("byte", "sizes"),
+}
+
+
+def inseparable_error(frame: pd.DataFrame, columns: list[str], fit: str, source: str) -> ValueError:
+    """Why no candidate of operator ``fit`` can be fitted to ``frame``: first, the input
+    column of one value (its fixed and per-unit terms are then the same column, and a fit
+    splits the time between them arbitrarily: e.g. all of it per token, the fixed cost 0)."""
+    for column in columns:
+        values = sorted(set(frame[column]))
+        if len(values) < 2:
+            unit, what = PER_UNIT.get(column, ("unit", f"values of {column}"))
+            return ValueError(
+                f"{source}: column {column}: every row has {values[0]:g}; the {fit} fit needs "
+                f"at least 2 distinct {what} to separate its fixed cost from its per-{unit} "
+                f"cost (profile more {what})"
+            )
+    return ValueError(
+        f"{source}: columns {', '.join(columns)} vary together: no fit of operator {fit} "
+        "can separate their terms (profile sizes that vary independently)"
+    )
 
 
 def decode_warnings(frame: pd.DataFrame, source: str) -> list[str]:
@@ -85,16 +102,20 @@ def check_weight_sync(frame: pd.DataFrame, source: str) -> None:
         )
 
 
-def known_hardware() -> list[str]:
-    return [*hardware_table(), CPU]
+def known_hardware(table: Mapping[str, Hardware] | None = None) -> list[str]:
+    """The hardware a profile may name: ``table``'s GPUs (hardware.csv, or a spec's
+    ``sim.tables.hardware_of``) and ``cpu``."""
+    return [*(hardware_table() if table is None else table), CPU]
 
 
-def check_profile_info(profile: object, path: Path) -> None:
+def check_profile_info(
+    profile: object, path: Path, hardware: Mapping[str, Hardware] | None = None
+) -> None:
     """A ValueError naming ``path`` and the key unless ``profile`` (profile.json) has
     ``weight_bytes`` and ``kv_capacity_tokens`` as positive numbers, ``model.name``,
-    ``hardware.kind`` (known hardware), and the profiled generation tp and trainer
-    (``hardware.tp``, ``trainer.hardware``, ``trainer.num_gpus``, or an older
-    ``tandem profile``'s ``spec.cluster``)."""
+    ``hardware.kind`` (known hardware: ``hardware``'s GPUs, default hardware.csv's), and the
+    profiled generation tp and trainer (``hardware.tp``, ``trainer.hardware``,
+    ``trainer.num_gpus``, or an older ``tandem profile``'s ``spec.cluster``)."""
     if not isinstance(profile, dict):
         raise ValueError(f"{path}: not a JSON object")
     for key in PROFILE_KEYS:
@@ -108,23 +129,42 @@ def check_profile_info(profile: object, path: Path) -> None:
     if not float(profile["kv_capacity_tokens"]).is_integer():
         raise ValueError(f"{path}: kv_capacity_tokens is {profile['kv_capacity_tokens']!r}, "
                          "not a whole number of tokens")  # fmt: skip
-    _check_setup(ProfiledSetup.of(profile), path)
+    _check_nesting(profile, path)
+    _check_setup(ProfiledSetup.of(profile), path, known_hardware(hardware))
 
 
-def _check_setup(setup: ProfiledSetup, path: Path) -> None:
+def _check_nesting(profile: dict, path: Path) -> None:
+    """Refuse ``{"model.name": ...}``: the setup's keys are nested objects, and a flat key
+    would be reported missing under the name it is written with."""
+    for key in profile:
+        section, dot, field = str(key).partition(".")
+        if dot and section in SETUP_SECTIONS:
+            raise ValueError(
+                f"{path}: flat key {key!r} (one JSON key with a dot in it): write it nested, "
+                f'{{"{section}": {{"{field}": ...}}}}, as docs/fidelity.md\'s example shows'
+            )
+
+
+def _check_setup(setup: ProfiledSetup, path: Path, known: list[str]) -> None:
     missing = setup.unknown_keys()
     if missing:
         raise ValueError(
             f"{path}: no {', '.join(missing)}: a profile must say what it measured (the "
             "model, the generation hardware and tensor-parallel size, the trainer's hardware "
             "and GPUs; docs/fidelity.md), or runs on other configurations are priced "
-            "silently wrong"
+            'silently wrong; the keys are nested: {"model": {"name": ...}, "hardware": '
+            '{"kind": ..., "tp": ...}, "trainer": {"hardware": ..., "num_gpus": ...}}'
         )
-    known = known_hardware()
     for key, name in (("hardware.kind", setup.generation_hardware),
                       ("trainer.hardware", setup.trainer_hardware)):  # fmt: skip
         if str(name).lower() not in {k.lower() for k in known}:
-            raise ValueError(f"{path}: {key} {name!r} is unknown; known: {', '.join(known)}")
+            raise ValueError(
+                f"{path}: {key} {name!r} is unknown; known: {', '.join(known)} (a GPU "
+                "hardware.csv does not list: give the spec you will run with, whose "
+                "sim.hardware rows describe it, as --spec SPEC or --set sim.hardware=[{name: "
+                f"{name}, bf16_dense_tflops: ..., hbm_gb: ..., hbm_tb_per_s: ..., "
+                "nvlink_gb_per_s: ...}])"
+            )
     for key, count in (("hardware.tp", setup.generation_tp),
                        ("trainer.num_gpus", setup.trainer_num_gpus)):  # fmt: skip
         if count is None or count < 1:
