@@ -8,6 +8,10 @@ from pydantic import Field, field_validator
 
 from policies.cluster import Section as _Section
 
+# beyond these a figure is in the wrong unit (milliseconds as seconds, GB/s as TB/s)
+MOST_STEP_OVERHEAD_S = 1.0
+MOST_HBM_TB_PER_S = 100.0
+
 
 class EfficiencySection(_Section):
     """Engine efficiencies of the roofline cost model (fractions of peak), per operator.
@@ -39,10 +43,22 @@ class EfficiencySection(_Section):
     )
     attention_compute: float = Field(0.5, gt=0, le=1, description="attention FLOP/s / peak")
     train_mfu: float = Field(0.4, gt=0, le=1, description="training model-FLOPs utilisation")
-    step_overhead_s: float = Field(0.00406, ge=0, description="fixed cost per engine step, s")
+    step_overhead_s: float = Field(
+        0.00406, ge=0, description="fixed cost per engine step, s (4 ms is 0.004)"
+    )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="share of HBM vLLM may use (weights + KV cache)"
     )
+
+    @field_validator("step_overhead_s")
+    @classmethod
+    def _in_seconds(cls, value: float) -> float:
+        if value > MOST_STEP_OVERHEAD_S:  # milliseconds typed as seconds
+            raise ValueError(
+                f"{value:g} s an engine step is beyond any engine: the unit is seconds "
+                "(4 ms is 0.004)"
+            )
+        return value
 
 
 class HardwareRow(_Section):
@@ -52,11 +68,23 @@ class HardwareRow(_Section):
     name: str = Field(min_length=1, description="the name cluster pools give as hardware")
     bf16_dense_tflops: float | None = Field(None, gt=0, description="dense bf16 TFLOP/s")
     hbm_gb: float | None = Field(None, gt=0, description="GPU memory, GB")
-    hbm_tb_per_s: float | None = Field(None, gt=0, description="memory bandwidth, TB/s")
+    hbm_tb_per_s: float | None = Field(
+        None, gt=0, description="memory bandwidth, TB/s (an H100's 3.35 TB/s is 3.35)"
+    )
     nvlink_gb_per_s: float | None = Field(None, gt=0, description="NVLink, GB/s")
     cost_per_machine_rel_h20: float | None = Field(
         None, gt=0, description="an 8-GPU machine's cost, in 8-GPU H20 machines"
     )
+
+    @field_validator("hbm_tb_per_s")
+    @classmethod
+    def _in_tb_per_s(cls, value: float | None) -> float | None:
+        if value is not None and value > MOST_HBM_TB_PER_S:  # GB/s typed as TB/s
+            raise ValueError(
+                f"{value:g} TB/s is beyond any GPU: the unit is TB/s (an H100's 3.35 TB/s is "
+                "3.35, not 3350)"
+            )
+        return value
 
 
 class SimSection(_Section):

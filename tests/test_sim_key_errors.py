@@ -119,3 +119,18 @@ def _trainer_gpus(spec, n):
     return spec.cluster.model_copy(
         update={"trainer": spec.cluster.trainer.model_copy(update={"num_gpus": n})}
     )
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("sim.hardware=[{name: H800, hbm_tb_per_s: 2000}]",
+         "sim.hardware.0.hbm_tb_per_s: 2000 TB/s is beyond any GPU: the unit is TB/s"),
+        ("sim.efficiency.step_overhead_s=4.06",
+         "sim.efficiency.step_overhead_s: 4.06 s an engine step is beyond any engine"),
+    ],
+)  # fmt: skip
+def test_a_figure_in_the_wrong_unit_is_refused_saying_the_unit(override, said, capsys):
+    # GB/s typed as TB/s, milliseconds as seconds: both ran, at 12.3 and 0.017 samples/s
+    assert main(["run", "streamrl-7b", "--set", override]) == 2
+    assert said in " ".join(capsys.readouterr().out.split())
