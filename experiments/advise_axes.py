@@ -157,7 +157,7 @@ def _tp_problem(estimator: Estimator, hardware: str, tp: int, largest: int) -> s
     try:
         short = kv_shortfall(pool, estimator.cost, estimator.longest_tokens)
     except ValueError as err:  # the heads do not shard evenly, or the weights do not fit
-        return str(err).removeprefix(f"cluster.generation tp {tp}: ")
+        return str(err).removeprefix(f"tp {tp} ")
     if tp > largest:
         return f"more than the {largest} GPUs of the largest group"
     return short

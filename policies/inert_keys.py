@@ -1,6 +1,6 @@
 """Spec keys that change nothing in a run: a key set away from its default where the spec's
-other choices never read it (``policies.elastic.*`` under a ``fixed`` allocation,
-``policies.predictor_recall`` with the ``oracle`` predictor...).
+other choices never read it (``policies.elastic.*`` and ``sim.instance_start_s`` under a
+``fixed`` allocation, ``policies.predictor_recall`` with the ``oracle`` predictor...).
 
 Such a spec is valid and runs, but the user likely meant something else, so ``tandem run``
 and ``tandem sweep`` warn, one line a key (:func:`log_inert_keys`). A key at its default is
@@ -86,6 +86,7 @@ RULES: tuple[InertRule, ...] = (
         ),
         _not_elastic,
     ),
+    InertRule(("sim.instance_start_s",), _not_elastic, simulated_only=True),  # added instances
     InertRule(("policies.predictor_recall",), _not_noisy_oracle),
     InertRule(("policies.dispatch_objective", "policies.long_tail_fraction"), _not_skewness_aware),
     InertRule(("policies.length_predictor",), _lengths_unread),

@@ -105,6 +105,21 @@ class ModelShape(_Section):
             raise ValueError("active_params_b cannot exceed num_params_b")
         return self
 
+    @model_validator(mode="after")
+    def _whole_heads(self) -> ModelShape:
+        heads, kv = self.num_attention_heads, self.num_kv_heads
+        if not self.kv_lora_rank and kv is not None and heads % kv:  # latent: no KV heads
+            raise ValueError(
+                f"num_kv_heads {kv} does not divide num_attention_heads {heads} (each KV "
+                "head serves a whole group of query heads)"
+            )
+        if self.head_dim is None and self.hidden_size % heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{heads}, so the head size is not whole; give head_dim"
+            )
+        return self
+
 
 class ModelSection(_Section):
     name: str = Field(

@@ -26,6 +26,7 @@ from sim.calibrated import CalibratedCostModel
 from sim.comm import GPUS_PER_MACHINE
 from sim.costs import ModelDoesNotFit, RooflineCostModel, SimCostModel, build_cost_model
 from sim.kv_cache import blocks_for
+from sim.models import TpDoesNotShard
 from sim.prefill_cost import ChunkedPrefill
 from sim.sequence import EngineKvCache, engine_limits
 from sim.step_cost import StepCost
@@ -48,6 +49,7 @@ def resolve_cluster(
     cluster = spec.cluster
     check_cluster(cluster, cost)
     check_kv_fit(spec, cost, workload, mode.colocated)
+    check_prefill_budget(spec, workload, mode.colocated)
     if mode.colocated:
         _check_one_gpu_group(cluster, spec.pipeline.mode)
     trainer_gpus = total_gpus(cluster) if mode.colocated else cluster.trainer.num_gpus
@@ -246,7 +248,7 @@ def check_cluster(cluster: ClusterSection, cost: SimCostModel) -> None:
     for i, pool in enumerate(cluster.generation):
         try:
             cost.kv_capacity_tokens(Device(pool.hardware, pool.tp))
-        except ModelDoesNotFit as err:
+        except (ModelDoesNotFit, TpDoesNotShard) as err:
             raise ValueError(f"cluster.generation.{i}.tp: {err}") from None
 
 
@@ -272,6 +274,28 @@ def check_kv_fit(spec: RunSpec, cost: SimCostModel, workload: Workload, colocate
     for pool in pools:
         if (problem := kv_shortfall(pool, cost, longest)) is not None:
             raise ValueError(_kv_problem(spec, pool, cost, problem))
+
+
+def check_prefill_budget(spec: RunSpec, workload: Workload, colocated: bool) -> None:
+    """Refuse a pool with chunked prefill off whose step budget cannot prefill the longest
+    sequence in one step, as vLLM refuses ``max_num_batched_tokens`` below
+    ``max_model_len`` without chunked prefill: a request preempted near its end recomputes
+    its prompt and its output so far in one step (the scheduler's run-time error stays as
+    a backstop)."""
+    longest = workload.longest_sequence_tokens
+    pools = spec.cluster.generation[:1] if colocated else spec.cluster.generation
+    for i, pool in enumerate(pools):
+        if pool.enable_chunked_prefill or pool.max_num_batched_tokens >= longest:
+            continue
+        key, value = max_tokens_key(spec)
+        raise ValueError(
+            f"cluster.generation.{i}.max_num_batched_tokens: {pool.max_num_batched_tokens} "
+            f"tokens a step cannot prefill the longest prompt with its max_tokens "
+            f"({longest} tokens) with cluster.generation.{i}.enable_chunked_prefill false "
+            "(a preempted request recomputes it all in one step; vLLM refuses a budget "
+            f"below max_model_len without chunked prefill); raise it to {longest}, set "
+            f"cluster.generation.{i}.enable_chunked_prefill=true, or lower {key} ({value})"
+        )
 
 
 def _kv_problem(spec: RunSpec, pool: GenerationPool, cost: SimCostModel, problem: str) -> str:

@@ -10,7 +10,8 @@ the expected share of experts that ``rows`` tokens touch, each token picking
 Multi-head latent attention (DeepSeek) caches ``kv_lora_rank + qk_rope_head_dim`` values
 per layer and token. Under tensor parallelism each rank caches its share of the KV heads,
 as vLLM does: at least one head (heads are replicated when ``tp > num_kv_heads``), and the
-whole latent under latent attention (``kv_bytes_per_token_per_rank``).
+whole latent under latent attention (``kv_bytes_per_token_per_rank``). A shape given under
+the name of a models.csv row must be that row's shape (``check_named_shape``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from policies.spec import ModelSection, ModelShape
 from sim.tables import data_path
 
 BYTES_PER_VALUE = 2.0  # bf16 weights and KV
+PARAMS_TOLERANCE = 0.05  # a config.json's counted parameters against a row's published ones
+
+
+class TpDoesNotShard(ValueError):
+    """A tensor-parallel size vLLM cannot shard a model's attention heads over."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,20 +96,27 @@ class Model:
         width = self.kv_lora_rank + self.qk_rope_head_dim if self.kv_lora_rank else self.head_dim
         return 4.0 * self.num_layers * self.num_attention_heads * width
 
-    def check_tp(self, tp: int) -> None:
-        """Refuse a tensor-parallel size vLLM cannot shard this model's attention over:
-        the query heads must split evenly, and the KV heads split evenly or be replicated
-        a whole number of times (no KV heads to split under latent attention)."""
+    def shards(self, tp: int) -> bool:
+        """Whether vLLM can shard this model's attention over ``tp`` ranks: the query heads
+        split evenly, and the KV heads split evenly or are replicated a whole number of
+        times (no KV heads to split under latent attention)."""
         kv = self.num_kv_heads
         if self.num_attention_heads % tp:
-            bad = f"{self.num_attention_heads} attention heads"
-        elif not self.kv_lora_rank and (kv % tp if tp <= kv else tp % kv):
-            bad = f"{kv} KV heads"
-        else:
+            return False
+        return bool(self.kv_lora_rank) or not (kv % tp if tp <= kv else tp % kv)
+
+    def check_tp(self, tp: int) -> None:
+        """Refuse a tensor-parallel size vLLM cannot shard this model's attention over,
+        listing the sizes it can (:meth:`shards`)."""
+        if self.shards(tp):
             return
-        raise ValueError(
-            f"cluster.generation tp {tp}: cannot shard {self.name}'s {bad} evenly (vLLM "
-            f"refuses it); pick a tp that divides {self.num_attention_heads}"
+        heads, kv = self.num_attention_heads, self.num_kv_heads
+        bad = f"{heads} attention heads" if heads % tp else f"{kv} KV heads"
+        counts = f"{heads} attention heads" + ("" if self.kv_lora_rank else f" and {kv} KV heads")
+        fits = ", ".join(str(t) for t in range(1, heads + 1) if self.shards(t))
+        raise TpDoesNotShard(
+            f"tp {tp} cannot shard {self.name}'s {bad} evenly (vLLM refuses it); the tps "
+            f"that shard its {counts}: {fits}"
         )
 
     def weight_bytes_read(self, rows: int) -> float:
@@ -219,12 +232,62 @@ def shape_from_hf_config(config: dict[str, Any]) -> ModelShape:
 
 
 def model_for(section: ModelSection) -> Model:
-    """The model a spec names: its inline shape, its ``config.json``, or a table row."""
+    """The model a spec names: its inline shape, its ``config.json``, or a table row (a
+    shape given under the name of a row must be that row's: :func:`check_named_shape`)."""
     if section.shape is not None:
-        return model_from_shape(section.name, section.shape)
-    if section.config is not None:
-        return model_from_shape(section.name, shape_from_hf_config(_read_config(section.config)))
-    return model(section.name)
+        given = model_from_shape(section.name, section.shape)
+    elif section.config is not None:
+        given = model_from_shape(section.name, shape_from_hf_config(_read_config(section.config)))
+    else:
+        return model(section.name)
+    check_named_shape(section, given)
+    return given
+
+
+def check_named_shape(section: ModelSection, given: Model) -> None:
+    """Refuse a ``model.name`` that is a row of models.csv given with a ``model.shape`` or
+    ``model.config`` of another shape: the run would simulate the given shape under the
+    row's name. A shape that agrees with the row (parameters within ``PARAMS_TOLERANCE``,
+    a config.json's being counted; an intermediate or vocab size of 0: not given) is fine."""
+    row = model_table().get(section.name)
+    if row is None:
+        return
+    source = "model.shape" if section.shape is not None else "model.config"
+    differ = [
+        f"{key} {_text(old)} in models.csv, {_text(new)} in {source}"
+        for key, old, new in _shape_fields(row, given)
+        if _differs(key, old, new)
+    ]
+    if not differ:
+        return
+    default = "" if "name" in section.model_fields_set else " (model.name's default)"
+    raise ValueError(
+        f"model.name: {section.name!r}{default} is a row of models.csv, but {source} gives "
+        f"another shape ({'; '.join(differ)}); name the shape something models.csv does not "
+        f"list, or drop {source} to simulate the row"
+    )
+
+
+def _shape_fields(row: Model, given: Model) -> list[tuple[str, Any, Any]]:
+    """(shape key, row's value, given value) of every field of a model's shape."""
+    out = [("num_params_b", row.num_params / 1e9, given.num_params / 1e9)]
+    active = [None if m.active_params is None else m.active_params / 1e9 for m in (row, given)]
+    out.append(("active_params_b", *active))
+    skip = {"name", "num_params", "active_params"}
+    names = [f for f in Model.__dataclass_fields__ if f not in skip]
+    return out + [(f, getattr(row, f), getattr(given, f)) for f in names]
+
+
+def _differs(key: str, old: Any, new: Any) -> bool:
+    if key in ("intermediate_size", "vocab_size") and not new:
+        return False  # not given
+    if isinstance(old, float) and isinstance(new, float):
+        return abs(new - old) > PARAMS_TOLERANCE * old
+    return old != new
+
+
+def _text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def resolved_model(section: ModelSection) -> ModelSection:

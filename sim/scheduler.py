@@ -106,10 +106,11 @@ class Scheduler:
         self._account(plan)
         if plan.empty and not plan.num_preempted and self._waiting and not self.running and admit:
             head = self._waiting.head()
-            raise ValueError(
-                f"sample {head.request.sample_id} cannot be scheduled: its prompt exceeds "
+            raise ValueError(  # a backstop: sim.cluster.check_prefill_budget refuses it first
+                f"sample {head.request.sample_id} cannot be scheduled: its {head.num_tokens()} "
+                "tokens (its prompt, and its output so far if it was preempted) exceed "
                 f"max_num_batched_tokens ({self.limits.max_num_batched_tokens}) with chunked "
-                "prefill off"
+                "prefill off (cluster.generation.*.enable_chunked_prefill)"
             )
         return plan
 

@@ -37,6 +37,8 @@ def _wide_console(monkeypatch):
          "policies.elastic.gpus_per_step=4 has no effect: policies.allocation is 'fixed'"),
         ({"policies__elastic__retire": True, "policies__allocation": "balanced"},
          "policies.elastic.retire=true has no effect: policies.allocation is 'balanced'"),
+        ({"sim__instance_start_s": 10.0},  # seen: warned of policies.elastic.*, not of it
+         "sim.instance_start_s=10.0 has no effect: policies.allocation is 'fixed'"),
         ({"policies__predictor_recall": 0.5},
          "policies.predictor_recall=0.5 has no effect: policies.length_predictor is 'oracle'"),
         ({"policies__predictor_recall": 0.5, "policies__length_predictor": "none",
@@ -68,7 +70,8 @@ def test_each_inert_key_is_one_line_naming_its_value_and_why(overrides, line):
     "overrides",
     [
         {},  # every key at its default
-        {**ELASTIC, "policies__elastic__max_extra_instances": 8, "policies__elastic__retire": True},
+        {**ELASTIC, "policies__elastic__max_extra_instances": 8, "policies__elastic__retire": True,
+         "sim__instance_start_s": 10.0},
         {"policies__length_predictor": "noisy-oracle", "policies__predictor_recall": 0.5},
         {"policies__dispatch_objective": "max", "policies__long_tail_fraction": 0.1},
         {"policies__dispatch": "random", "policies__length_predictor": "noisy-oracle"},  # lpt

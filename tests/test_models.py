@@ -9,9 +9,10 @@ import pytest
 from helpers import small_spec
 
 from policies.protocols import Device
-from policies.spec import SpecError, load_spec
+from policies.spec import ModelShape, SpecError, load_spec
+from sim.cluster import check_sim_run
 from sim.costs import build_cost_model
-from sim.models import model, model_for, shape_from_hf_config
+from sim.models import model, model_for, model_table, shape_from_hf_config
 from sim.simulator import Simulation
 
 LLAMA2_7B_CONFIG = {  # meta-llama/Llama-2-7b-hf config.json (the fields that matter)
@@ -126,8 +127,75 @@ def test_a_tp_vllm_cannot_shard_the_heads_over_is_refused(name, tp, bad):
     if bad is None:
         m.check_tp(tp)
         return
-    with pytest.raises(ValueError, match=rf"cluster.generation tp {tp}: cannot shard .*{bad}"):
+    with pytest.raises(ValueError, match=rf"^tp {tp} cannot shard .*{bad}"):
         m.check_tp(tp)
     cost = build_cost_model(load_spec(None, [f"model.name={name}"]))
-    with pytest.raises(ValueError, match=rf"tp {tp}: cannot shard"):  # what sim and advise ask
+    with pytest.raises(ValueError, match=rf"tp {tp} cannot shard"):  # what sim and advise ask
         cost.kv_capacity_tokens(Device("H800", tp))
+
+
+SHAPE_14B = {  # the user trial's model.shape
+    "num_params_b": 14.7, "num_layers": 48, "hidden_size": 5120, "intermediate_size": 13824,
+    "num_attention_heads": 40, "num_kv_heads": 8, "vocab_size": 152064,
+}  # fmt: skip
+
+
+def test_a_models_csv_name_given_another_shape_is_refused(tmp_path):
+    """Seen: ``--set model.name=Qwen2.5-7B`` on a spec with a 14.7B ``model.shape``
+    simulated the 14.7B shape and labelled it Qwen2.5-7B."""
+    spec = small_spec(model__name="Qwen2.5-7B", model__shape=SHAPE_14B)
+    with pytest.raises(
+        ValueError,
+        match=r"^model\.name: 'Qwen2\.5-7B' is a row of models\.csv, but model\.shape gives",
+    ) as info:
+        model_for(spec.model)
+    assert "num_layers 28 in models.csv, 48 in model.shape" in str(info.value)
+    with pytest.raises(ValueError, match=r"^model\.name: "):  # run's and sweep's check
+        check_sim_run(spec)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA2_7B_CONFIG))
+    with pytest.raises(ValueError, match=r"^model\.name: 'Qwen2\.5-7B' .*model\.config"):
+        model_for(small_spec(model__name="Qwen2.5-7B", model__config=str(path)).model)
+
+
+def test_a_models_csv_name_given_its_own_shape_runs(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA2_7B_CONFIG))  # parameters counted: 6.74 B, about
+    from_file = model_for(small_spec(model__name="Llama-2-7B", model__config=str(path)).model)
+    assert from_file.kv_bytes_per_token == model("Llama-2-7B").kv_bytes_per_token
+    row = model("Qwen2.5-7B")
+    shape = {"num_params_b": 7.62, "num_layers": 28, "hidden_size": 3584,
+             "intermediate_size": 18944, "num_attention_heads": 28, "num_kv_heads": 4,
+             "vocab_size": 152064}  # fmt: skip
+    assert model_for(small_spec(model__name="Qwen2.5-7B", model__shape=shape).model) == row
+
+
+def test_the_tp_hint_lists_the_tps_that_shard_both_head_counts():
+    """Seen: tp 7 on Qwen2.5-7B (28 query heads, 4 KV heads) was told to "pick a tp that
+    divides 28"; 7 does, the 4 KV heads are what it cannot shard."""
+    m = model("Qwen2.5-7B")
+    with pytest.raises(ValueError, match=r"4 KV heads .*: 1, 2, 4, 28$"):
+        m.check_tp(7)
+    for tp in (1, 2, 4, 28):
+        m.check_tp(tp)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [("num_kv_heads", 7, "num_kv_heads 7 does not divide num_attention_heads 40"),
+     ("hidden_size", 5121, "hidden_size 5121 is not a multiple of num_attention_heads 40")],
+)  # fmt: skip
+def test_a_shape_whose_heads_do_not_divide_names_the_field(field, value, says):
+    """Seen: ``num_kv_heads: 7`` with 40 query heads, and ``hidden_size: 5121`` (its head
+    size floored), ran without a word."""
+    with pytest.raises(SpecError, match=rf"^model\.shape: {says}"):
+        small_spec(model__shape={**SHAPE_14B, field: value})
+    small_spec(model__shape={**SHAPE_14B, "hidden_size": 5121, "head_dim": 128})  # given
+
+
+def test_every_models_csv_row_is_a_valid_shape():
+    for row in model_table().values():
+        fields = {f: getattr(row, f) for f in ModelShape.model_fields if hasattr(row, f)}
+        fields["num_params_b"] = row.num_params / 1e9
+        ModelShape(**fields)
+        row.check_tp(1)

@@ -134,3 +134,10 @@ def test_a_figure_in_the_wrong_unit_is_refused_saying_the_unit(override, said, c
     # GB/s typed as TB/s, milliseconds as seconds: both ran, at 12.3 and 0.017 samples/s
     assert main(["run", "streamrl-7b", "--set", override]) == 2
     assert said in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_tp_that_cannot_shard_the_heads_names_the_pools_tp_key():
+    """Seen: "cluster.generation tp 7: ...", not the key to change."""
+    spec = small_spec(cluster__generation__0__tp=7, cluster__generation__0__num_gpus=14)
+    with pytest.raises(ValueError, match=r"^cluster\.generation\.0\.tp: .*4 KV heads"):
+        check_sim_run(spec)
