@@ -9,9 +9,15 @@ spec is always run in full first. What is left of the budget after the search
 (:data:`ATTRIBUTION_SHARE` of it is kept) prices each change the advice makes, one at a
 time, from both ends: on the input spec alone, and reverted on the advice.
 
-Writes to ``--out``: ``best.yaml`` (a complete spec for ``tandem run``), ``input.yaml``
-(the resolved input spec), ``pareto.csv``, ``pareto.png``, ``evaluations.csv`` (every
-simulation) and ``advice.md``.
+Only configurations inside the space (:mod:`experiments.advise_bounds`: the staleness
+bound and every ``--axis``) are ever the advice; a pricing run outside it is shown, not
+chosen.
+
+Writes to ``--out`` (:mod:`experiments.advise_report`): ``best.yaml`` (a complete spec for
+``tandem run``), ``input.yaml`` (the resolved input spec), ``pareto.csv``, ``pareto.png``,
+``evaluations.csv`` (every simulation), ``advice.md`` and ``status.json``. Stopped by
+Ctrl-C or SIGTERM, :func:`advise` raises :class:`experiments.advise_partial.AdviseInterrupted`
+with the simulations so far.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as Bar
 
 from experiments.advise_eval import Evaluation, PoolEvaluator
+from experiments.advise_partial import AdviseInterrupted, PartialAdvice, Recorded
 from experiments.advise_plan import Space, SpaceOptions, plan_space
 from experiments.advise_search import (
     Evaluator,
@@ -111,7 +118,9 @@ def advise(
     start = time.monotonic()
     space = plan_space(base, options.space)
     own = evaluator is None
-    pool: Evaluator = evaluator if evaluator is not None else PoolEvaluator(base, options.workers)
+    given: Evaluator = evaluator if evaluator is not None else PoolEvaluator(base, options.workers)
+    pool = Recorded(given)  # what has run, should Ctrl-C or SIGTERM stop it part-way
+    objective = options.space.objective
     try:
         result = _search(space, pool, options, start, console)
         extra = _run_input_outside(space, pool) if space.input_outside else []
@@ -120,11 +129,13 @@ def advise(
                 f"no candidate finished a full run within --budget-s {options.budget_s:g}; raise it"
             )
         evaluations = [*result.evaluations, *extra]
-        objective = options.space.objective
         best, changes = _settle(space, pool, objective, evaluations, start + options.budget_s)
+    except KeyboardInterrupt as err:
+        partial = _partial(space, pool.evaluations, options, time.monotonic() - start)
+        raise AdviseInterrupted(str(err), partial) from err
     finally:
         if own:
-            pool.close()  # type: ignore[attr-defined]
+            given.close()  # type: ignore[attr-defined]
     return Advice(
         space=space,
         result=result,
@@ -185,6 +196,19 @@ def _run_input_outside(space: Space, pool: Evaluator) -> list[Evaluation]:
     return [pool.submit(space.input, space.base.run.iterations).result()]
 
 
+def _partial(
+    space: Space, evaluations: list[Evaluation], options: AdviseOptions, wall_s: float
+) -> PartialAdvice:
+    """The simulations so far, and the best full run inside the space among them."""
+    objective = options.space.objective
+    values = full_values(space, evaluations, objective)
+    best = best_full(space, evaluations, objective) if values else None
+    return PartialAdvice(
+        space, list(evaluations), best, values.get(best) if best is not None else None,
+        _input_value(space, evaluations, objective), objective, options.budget_s, wall_s,
+    )  # fmt: skip
+
+
 def _input_value(space: Space, evaluations: list[Evaluation], objective: str) -> float | None:
     full = space.base.run.iterations
     for e in evaluations:
@@ -227,12 +251,13 @@ def swap(target: Candidate, source: Candidate, dimension: str) -> Candidate:
 def full_values(
     space: Space, evaluations: list[Evaluation], objective: str
 ) -> dict[Candidate, float]:
-    """The objective of every full run that finished within the staleness bound."""
+    """The objective of every full run inside the space (within the staleness bound and every
+    ``--axis``; a pricing run may carry a value outside it: never the advice)."""
     full = space.base.run.iterations
     out: dict[Candidate, float] = {}
     for e in evaluations:
         value = e.value(objective, full) if e.iterations >= full else None
-        if value is not None and e.candidate.structure.staleness_bound <= space.axes.max_staleness:
+        if value is not None and space.bounds.admits(e.candidate):
             out.setdefault(e.candidate, value)
     return out
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from experiments.arg_types import non_negative_int, path_text, positive_float, positive_int
 from policies.spec import RunSpec
 
+if TYPE_CHECKING:
+    from experiments.advise_partial import PartialAdvice
+
 # what ``tandem advise --out`` writes (``input.yaml``: the spec it was given)
 ADVICE_FILES = frozenset(
     {"input.yaml", "best.yaml", "evaluations.csv", "pareto.csv", "pareto.png", "advice.md",
-     "live-check.csv", "live-check.md"}
+     "live-check.csv", "live-check.md", "status.json"}
 )  # fmt: skip
 
 
@@ -80,9 +83,12 @@ def add_advise_parser(
 
 def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int:
     from experiments.advise import AdviseOptions, advise
+    from experiments.advise_partial import AdviseInterrupted
+    from experiments.advise_partial_report import write_partial
     from experiments.advise_plan import SpaceOptions
-    from experiments.advise_report import write_advice
+    from experiments.advise_report import coverage_text, write_advice
     from experiments.ranker_source import check_ranker_path
+    from runtime.errors import RunInterrupted
 
     check_ranker_path(spec, live=False)  # the search simulates with a ranker file
     if args.live_check:
@@ -94,14 +100,18 @@ def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int
         budget_s=args.budget_s,
         workers=args.workers,
     )
-    advice = advise(spec, options, console)
+    try:
+        advice = advise(spec, options, console)
+    except AdviseInterrupted as err:  # Ctrl-C or SIGTERM: what ran so far, said to be partial
+        out = write_partial(err.partial, Path(args.out))
+        raise RunInterrupted(str(err), _partial_note(out, err.partial)) from err
     out = write_advice(advice, Path(args.out))
     r = advice.result
     console.print(
         f"advice: [bold]{advice.best.label(advice.space.inventory)}[/bold] "
         f"{advice.best_value:.4g} (input {advice.input_value or float('nan'):.4g}); "
         f"{r.num_short} short + {r.num_full} full runs of {len(r.candidates)} candidates, "
-        f"{r.coverage:.0%} covered, {advice.wall_s:.1f} s"
+        f"{coverage_text(r)} covered, {advice.wall_s:.1f} s"
     )
     for line in advice.space.left_out:
         console.print(f"left out: {line}")
@@ -119,3 +129,11 @@ def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int
         console.print(report.summary())
     console.print(f"advice in [bold]{out}[/bold] (best.yaml, advice.md, pareto.csv, pareto.png)")
     return 0
+
+
+def _partial_note(out: Path, partial: PartialAdvice) -> str:
+    best = "no full run ended" if partial.best is None else "the best so far in best.yaml"
+    return (
+        f"partial results ({len(partial.evaluations)} simulations; {best}) in {out} "
+        "(status.json: partial; advice.md says what ran); the same command again starts over"
+    )

@@ -171,7 +171,7 @@ def _meta(name: str, space: Space, frame: pd.DataFrame, cpu_s: float) -> dict[st
     value = frame["full_throughput_samples_per_s"]
     best = frame.loc[value.idxmax()]
     probes = [candidate_of(best.to_dict())]
-    if space.input is not None:
+    if space.input is not None and not space.input_outside:  # outside: not on the grid
         probes.append(space.input)
     return {
         "spec": name,

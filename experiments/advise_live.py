@@ -88,12 +88,13 @@ class LiveCheck:
 def picks(advice: Advice, top: int) -> list[tuple[str, Candidate, float]]:
     """The top ``top`` full runs with distinct simulated values and the input, best first.
     An exact tie in the sim cannot be ordered, so of tied runs one stands for all: the
-    input or the advice when either is among them."""
+    input or the advice when either is among them. A pricing run outside the space is none."""
     full = advice.space.base.run.iterations
     values: dict[Candidate, float] = {}
     for e in advice.evaluations:
         value = e.value(advice.objective, full) if e.iterations >= full else None
-        if value is not None:
+        inside = advice.space.bounds.admits(e.candidate) or e.candidate == advice.space.input
+        if value is not None and inside:
             values.setdefault(e.candidate, value)
     preferred = [c for c in (advice.space.input, advice.best) if c in values]
     by_value: dict[float, Candidate] = {}

@@ -14,6 +14,7 @@ from experiments.advise_axes import (
     trainer_floors,
     with_extra_splits,
 )
+from experiments.advise_bounds import Bounds
 from experiments.advise_calibrated import fix_tp, priceable, profiled_setup
 from experiments.advise_estimate import Estimator
 from experiments.advise_space import (
@@ -26,6 +27,7 @@ from experiments.advise_space import (
     enumerate_policies,
     input_candidate,
 )
+from experiments.cost_hint import cost_hint
 from policies.build import build_allocation, mode_of
 from policies.rng import RngStreams
 from policies.spec import RunSpec, SpecError
@@ -57,7 +59,8 @@ class Space:
     candidates: tuple[Candidate, ...]
     estimates: tuple[float, ...]
     input: Candidate | None  # the input spec as a candidate (None: not expressible)
-    input_outside: bool  # the input breaks the constraints (e.g. staler than allowed)
+    input_outside: bool  # the input breaks the constraints (staler than allowed, an --axis)
+    bounds: Bounds  # which configurations are inside the space (pricing runs may not be)
     left_out: tuple[str, ...] = ()  # each (hardware, tp) or trainer size that does not fit, and why
 
     @property
@@ -102,7 +105,12 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
     if setup is not None:
         found, notes = priceable(found, estimator.inventory, setup, the_input)
         left_out = (*limits, *left_out, *notes)
-    outside = the_input is None or staleness_of(base) > axes.max_staleness
+    bounds = Bounds.of(axes, options.axes, prefer)
+    outside = (
+        the_input is None
+        or staleness_of(base) > axes.max_staleness
+        or not bounds.admits(canonical(the_input, prefer))  # e.g. a tp no --axis tp lists
+    )
     if the_input is not None and not outside:
         the_input = canonical(the_input, prefer)
         found = sorted(set(found) | {the_input})
@@ -112,15 +120,16 @@ def plan_space(base: RunSpec, options: SpaceOptions) -> Space:
         groups = estimator.inventory.groups
         missing = hardware_without_cost((g.hardware for g in groups), hardware_of(base))
         raise ValueError(
-            "--objective cost-normalized needs every GPU's cost in hardware.csv: it has no "
-            f"cost_per_machine_rel_h20 for {', '.join(missing)} (give it with --set "
-            f"sim.hardware='[{{name: {missing[0]}, cost_per_machine_rel_h20: …}}]')"
+            "--objective cost-normalized needs every GPU's cost: hardware.csv and sim.hardware "
+            f"have no cost_per_machine_rel_h20 for {', '.join(missing)} (give it with "
+            f"{cost_hint(base, missing)})"
         )
     per_structure = {c.structure: _estimate(estimator, c, options.objective) for c in found}
     estimates = tuple(per_structure[c.structure] for c in found)
     return Space(
-        base, axes, estimator.inventory, tuple(found), estimates, the_input, outside, left_out
-    )
+        base, axes, estimator.inventory, tuple(found), estimates, the_input, outside, bounds,
+        left_out,
+    )  # fmt: skip
 
 
 def _input(base: RunSpec, estimator: Estimator) -> Candidate | None:

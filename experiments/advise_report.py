@@ -4,15 +4,20 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from experiments.advise import Advice, Change, Unpriced
+from experiments.advise_partial import AdviceStatus, PartialAdvice
+from experiments.advise_search import SearchResult
 from experiments.advise_space import Candidate, predictor_read
 from policies.results import COST_NORMALIZED_UNIT, write_atomic
 
+STATUS_FILE = "status.json"  # complete or partial (AdviceStatus)
+LIVE_CHECK_FILES = ("live-check.csv", "live-check.md")
 OBJECTIVE_COLUMN = {
     "throughput": "throughput_samples_per_s",
     "cost-normalized": "cost_normalized_throughput",
@@ -21,18 +26,26 @@ OBJECTIVE_COLUMN = {
 
 def write_advice(advice: Advice, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / STATUS_FILE, status_record(AdviceStatus.PARTIAL, advice))  # until the last
     write_atomic(out / "input.yaml", advice.space.base.to_yaml().encode())
     write_atomic(out / "best.yaml", advice.best_spec.to_yaml().encode())
     runs = evaluations_frame(advice)
     write_atomic(out / "evaluations.csv", runs.to_csv(index=False).encode())
     front = pareto_front(full_runs(runs))
     write_atomic(out / "pareto.csv", front.to_csv(index=False).encode())
-    pareto_plot(full_runs(runs), front, advice, out / "pareto.png")
+    pareto_plot(full_runs(runs, with_input=True), front, advice, out / "pareto.png")
     write_atomic(out / "advice.md", advice_markdown(advice, full_runs(runs)).encode())
+    write_atomic(out / STATUS_FILE, status_record(AdviceStatus.COMPLETE, advice))
     return out
 
 
-def evaluations_frame(advice: Advice) -> pd.DataFrame:
+def status_record(status: AdviceStatus, advice: Advice | PartialAdvice) -> bytes:
+    record = {"status": status.value, "num_simulations": len(advice.evaluations),
+              "wall_s": round(advice.wall_s, 1), "budget_s": advice.budget_s}  # fmt: skip
+    return json.dumps(record, indent=2).encode()
+
+
+def evaluations_frame(advice: Advice | PartialAdvice) -> pd.DataFrame:
     """Every simulation: configuration, kind (short / full), figures."""
     full = advice.space.base.run.iterations
     rows = []
@@ -50,12 +63,16 @@ def evaluations_frame(advice: Advice) -> pd.DataFrame:
             "error": e.error,
             "is_input": e.candidate == advice.space.input,
             "is_best": e.candidate == advice.best,
+            "in_space": advice.space.bounds.admits(e.candidate),
         })  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def full_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    ok = runs[(runs["kind"] == "full") & runs["error"].isna()]
+def full_runs(runs: pd.DataFrame, with_input: bool = False) -> pd.DataFrame:
+    """The full runs inside the space (a pricing run outside it is in evaluations.csv only),
+    and with ``with_input`` the input spec's wherever it lies."""
+    shown = runs["in_space"] | (runs["is_input"] & with_input)
+    ok = runs[(runs["kind"] == "full") & runs["error"].isna() & shown]
     return ok.drop_duplicates(subset=[c for c in ok.columns if c in _CONFIG], keep="first")
 
 
@@ -148,7 +165,7 @@ def advice_markdown(advice: Advice, runs: pd.DataFrame) -> str:
     lines += ["", "## What each change buys", ""]
     lines += _changes_table(advice) or ["The advice is the input spec: nothing to change."]
     lines += ["", "## Best full runs", ""]
-    lines += _top_table(advice, runs)
+    lines += top_table(advice.objective, runs)
     lines += ["", "## The search", ""]
     lines += _search_lines(advice)
     lines += ["", "## Caveats", ""]
@@ -156,11 +173,11 @@ def advice_markdown(advice: Advice, runs: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _fmt(value: float | None) -> str:
+def fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.4g}"
 
 
-def _ratio(value: float | None, ref: float | None) -> str:
+def ratio(value: float | None, ref: float | None) -> str:
     if value is None or not ref:
         return "—"
     return f"{value / ref:.3f}×"
@@ -175,19 +192,32 @@ def _headline(advice: Advice) -> list[str]:
         f"iterations per full run, seed {advice.space.base.run.seed}.",
         "",
         f"- input: `{advice.space.input.label(inv) if advice.space.input else 'not expressible as a candidate'}` — "
-        f"{_fmt(advice.input_value)}",
-        f"- advice: `{advice.best.label(inv)}` — **{_fmt(advice.best_value)}** "
-        f"({_ratio(advice.best_value, advice.input_value)} the input)",
+        f"{fmt(advice.input_value)}",
+        f"- advice: `{advice.best.label(inv)}` — **{fmt(advice.best_value)}** "
+        f"({ratio(advice.best_value, advice.input_value)} the input)",
         "",
         "`best.yaml` is the advice as a complete spec (`tandem run best.yaml`).",
     ]
     out += _unread_predictor_notes(advice)
     out += _incomplete_note(advice)
     if advice.space.input_outside:
-        out.append(
-            "The input spec itself lies outside the constraints (staler than allowed), so it was run for comparison only."
-        )
+        out += ["", "The input spec itself lies outside the constraints (staler than allowed, or a "
+                "value no `--axis` lists), so it was run for comparison only."]  # fmt: skip
+    out += _outside_note(advice)
     return out
+
+
+def _outside_note(advice: Advice) -> list[str]:
+    """Pricing runs carry the input's values; those outside the space are never the advice."""
+    outside = {
+        e.candidate for e in advice.evaluations if not advice.space.bounds.admits(e.candidate)
+    }
+    outside.discard(advice.space.input)
+    if not outside:
+        return []
+    return ["", f"{len(outside)} configuration(s) run to price the changes lie outside the space "
+            "(the staleness bound or an `--axis`): they are in `evaluations.csv` "
+            "(`in_space` false), never the advice, the Pareto set or the tables here."]  # fmt: skip
 
 
 def _unread_predictor_notes(advice: Advice) -> list[str]:
@@ -259,28 +289,30 @@ def _change_row(c: Change, advice: Advice) -> str:
 def _priced_cell(value: float | None, why: Unpriced | None, ref: float | None) -> str:
     if value is None:
         return f"— ({(why or Unpriced.NO_VALUE).value})"
-    return f"{_fmt(value)} ({_ratio(value, ref)})"
+    return f"{fmt(value)} ({ratio(value, ref)})"
 
 
-def _top_table(advice: Advice, runs: pd.DataFrame, n: int = 8) -> list[str]:
-    col = OBJECTIVE_COLUMN[advice.objective]
+def top_table(
+    objective: str, runs: pd.DataFrame, n: int = 8, best_tag: str = "advice"
+) -> list[str]:
+    col = OBJECTIVE_COLUMN[objective]
     top = runs.sort_values([col, "is_best"], ascending=False).head(n)
     out = [
         "| # | configuration | throughput | cost-normalized | staleness bound | GPUs |",
         "|---:|---|---:|---:|---:|---:|",
     ]
     for rank, (_, r) in enumerate(top.iterrows(), 1):
-        label = _label(r)
+        label = _label(r, best_tag)
         out.append(
-            f"| {rank} | {label} | {_fmt(r['throughput_samples_per_s'])} | "
-            f"{_fmt(r['cost_normalized_throughput'])} | {r['staleness_bound']} | {r['gpus']} |"
+            f"| {rank} | {label} | {fmt(r['throughput_samples_per_s'])} | "
+            f"{fmt(r['cost_normalized_throughput'])} | {r['staleness_bound']} | {r['gpus']} |"
         )
     return [*out, "", f"Throughput in samples/s; cost-normalized in {COST_NORMALIZED_UNIT}."]
 
 
-def _label(r: pd.Series) -> str:
+def _label(r: pd.Series, best_tag: str) -> str:
     mode = f"{r['mode']}{_lag_suffix(r['lag'])}"
-    tags = " (input)" if r["is_input"] else " (advice)" if r["is_best"] else ""
+    tags = " (input)" if r["is_input"] else f" ({best_tag})" if r["is_best"] else ""
     return f"{mode} tp{r['tp']} {r['placement']} seqs{r['max_num_seqs']} {r['dispatch']}/{r['scheduling']}/{r['predictor']}{tags}"
 
 
@@ -297,10 +329,19 @@ def _search_lines(advice: Advice) -> list[str]:
         f"- simulations: {r.num_short} short + {r.num_full} full in the search, "
         f"{len(advice.evaluations) - len(r.evaluations)} more pricing the changes "
         f"({full_equiv:.1f} full-run equivalents)",
-        f"- covered: {r.coverage:.1%} of the space (run in full: {len(r.full_values)}; ruled out by "
+        f"- covered: {coverage_text(r)} of the space (run in full: {len(r.full_values)}; ruled out by "
         f"their optimistic value: {r.num_ruled_out}); not covered: {r.num_open}",
         f"- stopped because {stop}; wall time {advice.wall_s:.1f} s",
     ]
+
+
+def coverage_text(r: SearchResult) -> str:
+    """The share of the space covered, one decimal, rounded down: never "100.0%" while a
+    candidate is not covered (``SearchResult.coverage`` from its integer counts)."""
+    total = len(r.candidates)
+    done = len(r.full_values) + r.num_ruled_out
+    tenths = done * 1000 // total if total else 1000
+    return f"{tenths // 10}.{tenths % 10}%"
 
 
 def _caveats(advice: Advice) -> list[str]:

@@ -12,8 +12,9 @@ dispatch nor scheduling reads predicted lengths, as their modules declare
 (:mod:`policies.length_readers`), the predictor is ``none``; with no length predictor
 ``lpt`` orders like ``fcfs``; with one generation instance every dispatch policy sends
 everything to it), and candidates whose model does not fit the hardware at
-their tensor parallelism are left out. The input spec's own configuration is always a
-candidate, so the search can only improve on it.
+their tensor parallelism are left out. The input spec's own configuration is a candidate
+unless it breaks the constraints (:mod:`experiments.advise_bounds`), so the search can only
+improve on it.
 """
 
 from __future__ import annotations

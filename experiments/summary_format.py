@@ -39,6 +39,7 @@ def cost_note(spec: RunSpec, metrics: dict[str, Any]) -> str | None:
         return None
     if "sim_wall_s" not in metrics:
         return "cost_normalized_throughput: a live run is not priced (the simulator's only)"
+    from experiments.cost_hint import cost_hint
     from sim.tables import hardware_of, hardware_without_cost
 
     names = [pool.hardware for pool in spec.cluster.generation] + [spec.cluster.trainer.hardware]
@@ -46,8 +47,8 @@ def cost_note(spec: RunSpec, metrics: dict[str, Any]) -> str | None:
     if not missing:
         return None
     return (
-        f"cost_normalized_throughput {MISSING}: hardware.csv has no cost_per_machine_rel_h20 "
-        f"for {', '.join(missing)} (sim.hardware can give it)"
+        f"cost_normalized_throughput {MISSING}: hardware.csv and sim.hardware have no "
+        f"cost_per_machine_rel_h20 for {', '.join(missing)} (give it with {cost_hint(spec, missing)})"
     )
 
 
