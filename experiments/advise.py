@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as Bar
 
 from experiments.advise_eval import Evaluation, PoolEvaluator
-from experiments.advise_partial import AdviseInterrupted, PartialAdvice, Recorded
+from experiments.advise_partial import AdviseInterrupted, NoFullRun, PartialAdvice, Recorded
 from experiments.advise_plan import Space, SpaceOptions, plan_space
 from experiments.advise_search import (
     Evaluator,
@@ -125,8 +125,11 @@ def advise(
         result = _search(space, pool, options, start, console)
         extra = _run_input_outside(space, pool) if space.input_outside else []
         if result.best is None:
-            raise RuntimeError(
-                f"no candidate finished a full run within --budget-s {options.budget_s:g}; raise it"
+            partial = _partial(space, pool.evaluations, options, time.monotonic() - start)
+            raise NoFullRun(
+                f"--budget-s {options.budget_s:g}: no candidate finished a full run within it; "
+                "raise it",
+                replace(partial, budget_ran_out=True),
             )
         evaluations = [*result.evaluations, *extra]
         best, changes = _settle(space, pool, objective, evaluations, start + options.budget_s)

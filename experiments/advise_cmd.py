@@ -83,7 +83,7 @@ def add_advise_parser(
 
 def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int:
     from experiments.advise import AdviseOptions, advise
-    from experiments.advise_partial import AdviseInterrupted
+    from experiments.advise_partial import AdviseInterrupted, NoFullRun
     from experiments.advise_partial_report import write_partial
     from experiments.advise_plan import SpaceOptions
     from experiments.advise_report import coverage_text, write_advice
@@ -105,6 +105,9 @@ def run_advise(spec: RunSpec, args: argparse.Namespace, console: Console) -> int
     except AdviseInterrupted as err:  # Ctrl-C or SIGTERM: what ran so far, said to be partial
         out = write_partial(err.partial, Path(args.out))
         raise RunInterrupted(str(err), _partial_note(out, err.partial)) from err
+    except NoFullRun as err:  # the budget ran out first: what ran, then the error
+        out = write_partial(err.partial, Path(args.out))
+        raise ValueError(f"{err} ({_partial_note(out, err.partial)})") from None
     out = write_advice(advice, Path(args.out))
     r = advice.result
     console.print(

@@ -35,10 +35,20 @@ class PartialAdvice:
     objective: str
     budget_s: float
     wall_s: float
+    budget_ran_out: bool = False  # False: Ctrl-C or SIGTERM stopped it
 
 
 class AdviseInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped ``advise``; ``partial`` holds what it had."""
+
+    def __init__(self, message: str, partial: PartialAdvice) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+class NoFullRun(ValueError):
+    """The budget ran out before any candidate finished a full run; ``partial`` holds the
+    simulations that ended (``tandem advise`` writes them before it names the error)."""
 
     def __init__(self, message: str, partial: PartialAdvice) -> None:
         super().__init__(message)

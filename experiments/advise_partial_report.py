@@ -51,7 +51,7 @@ def partial_markdown(partial: PartialAdvice, runs: pd.DataFrame) -> str:
         f"({ratio(partial.best_value, partial.input_value)} the input; in `best.yaml`)")  # fmt: skip
     lines = [
         f"# tandem advise · {partial.space.base.run.name} · PARTIAL", "",
-        f"**Interrupted after {partial.wall_s:.1f} s of the {partial.budget_s:g} s budget, "
+        f"**{_why(partial)} after {partial.wall_s:.1f} s of the {partial.budget_s:g} s budget, "
         f"with {n} simulations ({n - full} short, {full} full): the search did not end and "
         "no change was priced. This is the best so far, not advice** (`status.json`: "
         "partial; every simulation is in `evaluations.csv`).", "",
@@ -65,3 +65,9 @@ def partial_markdown(partial: PartialAdvice, runs: pd.DataFrame) -> str:
             *top_table(partial.objective, runs, best_tag="best so far"),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _why(partial: PartialAdvice) -> str:
+    return (
+        "The budget ran out before any full run ended" if partial.budget_ran_out else "Interrupted"
+    )

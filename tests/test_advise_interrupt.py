@@ -76,3 +76,16 @@ def test_stopped_before_any_run_ended_it_says_so(tmp_path, monkeypatch):
     assert json.loads((out / "status.json").read_text())["num_simulations"] == 0
     assert not (out / "best.yaml").exists()
     assert "no full run inside the space ended" in (out / "advice.md").read_text()
+
+
+def test_a_budget_that_ends_before_any_full_run_is_an_error_that_keeps_what_ran(tmp_path, capsys):
+    # seen: an uncaught RuntimeError, a traceback and exit 1, and nothing in --out
+    spec = tmp_path / "small.yaml"
+    spec.write_text(small_spec().to_yaml())
+    out = tmp_path / "out"
+    args = ["advise", str(spec), "--out", str(out), "--workers", "1", "--budget-s", "0.001"]
+    assert main([*args, "--axis", AXES[0]]) == 2
+    said = " ".join(capsys.readouterr().out.split())
+    assert "error: --budget-s 0.001: no candidate finished a full run within it; raise it" in said
+    assert json.loads((out / "status.json").read_text())["status"] == "partial"
+    assert "The budget ran out before any full run ended" in (out / "advice.md").read_text()
