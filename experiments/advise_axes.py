@@ -136,6 +136,8 @@ def feasible_tps(
     out: dict[str, tuple[int, ...]] = {}
     left_out: list[str] = []
     for g in estimator.inventory.groups:
+        if g.hardware in out:  # another datacenter's group of it: the same answer
+            continue
         fits = []
         for tp in tps:
             problem = _tp_problem(estimator, g.hardware, tp, largest)

@@ -224,3 +224,14 @@ def test_a_ranker_files_candidates_without_the_ranker_do_not_name_the_file(tmp_p
         policies = candidate_spec(space.base, c).policies
         ranked = c.policies.predictor == "ranker"
         assert policies.ranker_path == (str(tmp_path / "my.ranker") if ranked else None)
+
+
+def test_a_tp_left_out_is_said_once_however_many_datacenters_hold_the_hardware():
+    # seen: "tp 3 on H800: ..." once per datacenter's group of H800 GPUs
+    two_dcs = small_spec().model_dump()
+    pool = two_dcs["cluster"]["generation"][0]
+    two_dcs["cluster"]["generation"] = [pool, {**pool, "datacenter": "dc1"}]
+    two_dcs["policies"]["allocation"] = "fixed"
+    space = plan_space(spec_from_dict(two_dcs), SpaceOptions(axes=("tp=1,3",)))
+    said = [line for line in space.left_out if line.startswith("tp 3 on H800")]
+    assert len(said) == 1
