@@ -86,6 +86,7 @@ def connect(ray: ModuleType, address: str) -> None:
         "instance of the command's own"
     )
     endpoint = ray_endpoint(address)
+    client = "://" in address  # a Ray client connects over its own protocol, not the GCS's
     if endpoint is not None:
         try:
             socket.create_connection(endpoint, timeout=5.0).close()
@@ -93,13 +94,21 @@ def connect(ray: ModuleType, address: str) -> None:
             raise ValueError(
                 f"--ray {address}: no Ray cluster answers there ({err}); {hint}"
             ) from None
+        if not client and (other := not_a_gcs(endpoint)):  # Ray would retry it for minutes
+            raise ValueError(f"--ray {address}: {other}; give the address ray start printed")
     # a Ray client (ray://) connects over its own protocol: no node address to keep
-    with loopback_stays_loopback(_is_loopback(endpoint) and "://" not in address):
+    with loopback_stays_loopback(_is_loopback(endpoint) and not client):
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except ConnectionError as err:
             found = str(err).split(". ")[0]
-            if endpoint is not None and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            if client and endpoint is not None and not not_a_gcs(endpoint):
+                host, port = endpoint
+                hint = (
+                    "that is a Ray cluster's GCS address, not a Ray Client server's: give it "
+                    f"without ray:// (--ray {host}:{port})"
+                )
+            elif endpoint is not None and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
                 # something answered: a cluster that wants a token (ray start's default)
                 # refuses a driver without one, and Ray sends its token to a named address
                 # only when asked to
@@ -109,6 +118,38 @@ def connect(ray: ModuleType, address: str) -> None:
                     "RAY_AUTH_TOKEN"
                 )
             raise ValueError(f"--ray {address}: {found}; {hint}") from None
+
+
+GCS_PROBE_TIMEOUT_S = 5.0
+
+
+def not_a_gcs(endpoint: tuple[str, int]) -> str | None:
+    """None where a Ray cluster's GCS answers at ``endpoint`` (one that wants a token too);
+    else what answered instead. ``ray.init`` retries any address for minutes, so a port of
+    another service (the dashboard's, an HTTP server) hung the command."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    host, port = endpoint
+    with grpc.insecure_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}") as ch:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(ch).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=GCS_PROBE_TIMEOUT_S
+            )
+        except grpc.RpcError as err:
+            code = err.code()  # type: ignore[attr-defined]  # a grpc.Call's
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return None  # a GCS that wants a token: ray.init says so
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                return (
+                    "a gRPC server answers there, but no Ray GCS (a Ray Client server is "
+                    "given as ray://HOST:PORT)"
+                )
+            return (
+                f"something listens there but does not answer as a Ray GCS ({code.name.lower()}; "
+                "the dashboard's or another service's port?)"
+            )
+    return None
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:

@@ -5,10 +5,15 @@ Ray's traceback or its internal resources."""
 from __future__ import annotations
 
 import asyncio
+import http.server
+import socket
+import threading
+import types
 from pathlib import Path
 
 import pytest
 
+import runtime.ray_session
 from experiments.cli import main
 from policies.spec import load_spec
 from runtime import ray_launcher
@@ -229,6 +234,7 @@ def test_a_cluster_that_answers_but_refuses_says_how_to_give_it_a_token(monkeypa
         raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}.")
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(runtime.ray_session, "not_a_gcs", lambda endpoint: None)  # a GCS
     with socket.create_server(("127.0.0.1", 0)) as listening:
         address = f"127.0.0.1:{listening.getsockname()[1]}"
         with pytest.raises(ValueError) as caught:
@@ -292,3 +298,36 @@ def test_a_server_actor_still_starting_is_killed_at_once(monkeypatch):
     assert calls == [("kill", starting)]
     servers.stop(1)  # a started one is asked to stop its process group first
     assert calls[1][0] == "get" and calls[2][0] == "kill"
+
+
+def test_an_address_where_another_service_listens_stops_at_once_naming_it():
+    """Seen: ``--ray 127.0.0.1:PORT`` of an HTTP server (a dashboard's port): Ray retried
+    'Failed to get cluster ID from GCS server' for minutes. The stand-in for the ray module
+    has no ``init``: reaching it would raise ``AttributeError``."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(ValueError) as caught:
+            connect(object(), address)  # type: ignore[arg-type]
+    finally:
+        server.shutdown()
+    assert str(caught.value).startswith(f"--ray {address}: something listens there but does "
+                                        "not answer as a Ray GCS")  # fmt: skip
+
+
+def test_a_ray_client_address_given_a_gcs_port_says_to_drop_ray_scheme(monkeypatch):
+    """Seen: ``--ray ray://HOST:GCS_PORT`` timed out after 31 s and blamed token
+    authentication, on a cluster without it: no Ray Client server listens there."""
+
+    def timing_out(**kwargs):
+        raise ConnectionError("ray client connection timeout")
+
+    monkeypatch.setattr(runtime.ray_session, "not_a_gcs", lambda endpoint: None)  # a GCS
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        with pytest.raises(ValueError) as caught:
+            connect(types.SimpleNamespace(init=timing_out), f"ray://127.0.0.1:{port}")  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert f"not a Ray Client server's: give it without ray:// (--ray 127.0.0.1:{port})" in message
+    assert "RAY_AUTH_MODE" not in message
