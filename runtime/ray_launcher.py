@@ -149,7 +149,17 @@ class Placement:
         place = dataclasses.replace(self.layout.servers[0], instance_id=instance_id)
         group = placement_group([place.bundle.resources(self.label)], name=f"tandem-gen-{instance_id}")  # fmt: skip
         self.extra[instance_id] = group
-        await group.ready()
+        try:  # a group Ray cannot place stays pending for good: the scale-out would never end
+            await asyncio.wait_for(_awaited(group.ready()), PLACEMENT_TIMEOUT_S)
+        except TimeoutError:
+            del self.extra[instance_id]
+            with contextlib.suppress(Exception):
+                self.ray.util.remove_placement_group(group)
+            raise LiveRunError(
+                f"Ray could not place scale-out server {instance_id} ({group.bundle_specs}) "
+                f"within {PLACEMENT_TIMEOUT_S:.0f} s; the cluster has free "
+                f"{plain_resources(self.ray.available_resources())}"
+            ) from None
         return place, self._on(group, 0, place.bundle)
 
     def rank(self, rank: int) -> dict[str, Any]:
@@ -170,6 +180,11 @@ class Placement:
             if group is not None:
                 with contextlib.suppress(Exception):
                     self.ray.util.remove_placement_group(group)
+
+
+async def _awaited(ref: Any) -> Any:
+    """A Ray object reference as a coroutine (``asyncio.wait_for`` takes one)."""
+    return await ref
 
 
 def _make(ray, spec, run_dir, placement: Placement) -> tuple[RayServers, RayTrainerGroup]:

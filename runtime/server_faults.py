@@ -332,15 +332,14 @@ class ServerFaults:
     # -- elastic generation (the controller's ScaleOut / ScaleIn) ---------------------------
 
     async def scale_out(self, count: int) -> None:
-        """Start ``count`` new servers; each joins the weight group at the next push and
-        takes work from then on, at that push's version (``InstanceAdded``). The server
-        settled last ends the scale-out (:mod:`runtime.scale_outs`), or says why it failed."""
+        """Start ``count`` new servers, each to join at the next push (``InstanceAdded``);
+        the last settled, or the first that fails to start, ends it (runtime.scale_outs)."""
         actor = self.actor
         if self.servers is None or not self.servers.can_add:
             why = "added no server: the run attached to its servers (live.server_urls)"
             return self._scale_out_failed(why)
         track = self._scale_outs.begin(count)
-        for _ in range(count):
+        for n in range(count):
             i = max(self._state) + 1
             self._state[i] = State.STARTING
             try:
@@ -349,8 +348,9 @@ class ServerFaults:
                 detail = " ".join(str(err).split())[:500]
                 actor.recorder.fault(Fault(actor.now(), i, "add-failed", detail))
                 self._state[i] = State.LOST
-                self._scale_outs.gave_up(track, f"server {i} did not start ({detail})")
-                continue
+                for _ in range(count - n):  # it, and the rest untried: they would fare alike
+                    self._scale_outs.gave_up(track, f"server {i} did not start ({detail})")
+                return
             template = next(iter(actor.controller.views.values()))
             self._views[i] = dataclasses.replace(template, instance_id=i)
             actor.clients[i] = next(iter(actor.clients.values())).for_instance(i, slot.base_url)

@@ -290,3 +290,24 @@ def test_a_scale_out_of_two_servers_ends_once_when_its_last_server_is_settled(ca
     assert servers.attempts == 3  # 2 and 3, then 4 of the next scale-out (never healthy)
     said = [r.getMessage() for r in caplog.records if "elastic scale-out" in r.getMessage()]
     assert said == [f"elastic scale-out {t[1]}" for t in trace if t[0] == "failed"]
+
+
+def test_a_scale_out_whose_first_server_cannot_start_tries_none_of_the_rest(caplog):
+    """Seen on Ray: a scale-out's server that no node could place waited for good; each of
+    the rest would wait as long, so the first failure ends the scale-out at once."""
+    actor, world, trainer, recorder = fake_actor(
+        "disagg-sync", 2, break_after=None, restart=False, iterations=4,
+        sets=[f"policies.allocation={scripted_scaling.register_always_add(2)}"],
+    )  # fmt: skip
+    servers = actor.faults.servers = FailingServers(world, "fails")
+
+    async def after_step(step: int) -> None:  # a scale-out in flight ends before the next
+        while servers.attempts > sum(f.event == "add-failed" for f in recorder.faults):
+            await asyncio.sleep(0.01)
+
+    actor.after_step = after_step
+    caplog.set_level("WARNING", logger="runtime.server_faults")
+    asyncio.run(run_actor(actor))
+    said = [r.getMessage() for r in caplog.records if "added no server" in r.getMessage()]
+    assert len(said) == 3 and servers.attempts == 3  # one server tried a scale-out of two
+    assert sorted(trainer.trained) == list(range(4 * BATCH))

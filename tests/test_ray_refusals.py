@@ -331,3 +331,30 @@ def test_a_ray_client_address_given_a_gcs_port_says_to_drop_ray_scheme(monkeypat
     message = str(caught.value)
     assert f"not a Ray Client server's: give it without ray:// (--ray 127.0.0.1:{port})" in message
     assert "RAY_AUTH_MODE" not in message
+
+
+def test_a_scale_out_server_ray_cannot_place_is_given_up_on(monkeypatch):
+    """Seen: elastic asked for 4 servers on a cluster with no node free for one; its group
+    stayed PENDING, and the run never scaled again (the scale-out never ended)."""
+    import importlib
+
+    groups = importlib.import_module("ray.util.placement_group")  # ray.util's name is a function
+    removed = []
+
+    class PendingGroup:
+        bundle_specs = [{"CPU": 1.0}]
+
+        def ready(self):
+            return asyncio.get_running_loop().create_future()  # never placed
+
+    fake_ray = types.SimpleNamespace(
+        available_resources=lambda: {"CPU": 0.0},
+        util=types.SimpleNamespace(remove_placement_group=removed.append),
+    )
+    monkeypatch.setattr(groups, "placement_group", lambda *args, **kwargs: PendingGroup())
+    monkeypatch.setattr(ray_launcher, "PLACEMENT_TIMEOUT_S", 0.05)
+    spec = _spec()
+    placement = ray_launcher.Placement(fake_ray, plan(spec, gpu=False), label=False)
+    with pytest.raises(LiveRunError, match=r"^Ray could not place scale-out server 5 "):
+        asyncio.run(placement.server(5))
+    assert len(removed) == 1 and placement.extra == {}
