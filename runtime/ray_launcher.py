@@ -60,7 +60,8 @@ def run_on_ray(
     layout = check_ray_run(spec, address)
     with ray_session(address) as ray:
         label = label_datacenters(layout, ray.cluster_resources())
-        check_fits(spec, layout, ray.cluster_resources(), label)  # else Ray waits for ever
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")] if label else None
+        check_fits(spec, layout, ray.cluster_resources(), label, nodes)  # else Ray waits
         placement = Placement(ray, layout, label)
         servers: RayServers | None = None
         trainer: RayTrainerGroup | None = None

@@ -134,10 +134,17 @@ def plain_resources(resources: dict[str, float]) -> dict[str, float]:
     }  # fmt: skip
 
 
-def check_fits(spec: RunSpec, plan_: RayPlan, cluster: dict[str, float], label: bool) -> None:
+def check_fits(
+    spec: RunSpec,
+    plan_: RayPlan,
+    cluster: dict[str, float],
+    label: bool,
+    nodes: list[dict[str, float]] | None = None,
+) -> None:
     """A ``ValueError`` where the plan can never be placed on a cluster of ``cluster``'s total
     resources (Ray would wait for ever): a pool, the trainer, or all of them together asks
-    for more than the cluster has."""
+    for more than the cluster has; or, given each live node's resources (``nodes``), what
+    one datacenter's processes ask for is more than its nodes have."""
     if any(b.num_gpus for b in plan_.trainer) and not cluster.get("GPU"):
         raise ValueError(f"live.device={spec.live.device}: the Ray cluster has no GPU")
     groups = {f"cluster.generation[{p}]": plan_.pool_bundles(p) for p in range(plan_.num_pools)}
@@ -148,6 +155,35 @@ def check_fits(spec: RunSpec, plan_: RayPlan, cluster: dict[str, float], label: 
             if need > cluster.get(key, 0.0) + 1e-9:
                 raise ValueError(
                     f"{name} needs {need:g} {key}, the Ray cluster has {cluster.get(key, 0.0):g}"
+                )
+    if label and nodes is not None:
+        _check_datacenters(groups, nodes)
+
+
+def _check_datacenters(groups: dict[str, list[Bundle]], nodes: list[dict[str, float]]) -> None:
+    """Each datacenter's bundles against the nodes that advertise it (a bundle is placed on
+    one node, so the cluster's total can hold what one datacenter's nodes cannot)."""
+    needs: dict[str, dict[str, float]] = {}  # datacenter resource -> resource -> summed need
+    names: dict[str, list[str]] = {}
+    for name, bundles in list(groups.items())[:-1]:  # not the run's sum again
+        for bundle in (b.resources(True) for b in bundles):
+            where = next((k for k in bundle if k.startswith(DATACENTER_PREFIX)), None)
+            if where is None:
+                continue
+            need = needs.setdefault(where, {})
+            for key, value in bundle.items():
+                if not key.startswith(DATACENTER_PREFIX):
+                    need[key] = need.get(key, 0.0) + value
+            if name not in names.setdefault(where, []):
+                names[where].append(name)
+    for where, need in needs.items():
+        have = _summed([n for n in nodes if n.get(where)])
+        for key, value in need.items():
+            if value > have.get(key, 0.0) + 1e-9:
+                dc = where.removeprefix(DATACENTER_PREFIX)
+                raise ValueError(
+                    f"{' and '.join(names[where])} in datacenter {dc} need {value:g} {key}, "
+                    f"the Ray nodes advertising {where} have {have.get(key, 0.0):g}"
                 )
 
 

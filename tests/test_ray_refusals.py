@@ -358,3 +358,17 @@ def test_a_scale_out_server_ray_cannot_place_is_given_up_on(monkeypatch):
     with pytest.raises(LiveRunError, match=r"^Ray could not place scale-out server 5 "):
         asyncio.run(placement.server(5))
     assert len(removed) == 1 and placement.extra == {}
+
+
+def test_a_datacenter_whose_nodes_cannot_hold_its_processes_is_refused_at_once():
+    """Seen: 120 s of waiting, then 'could not place ... the cluster has free {'CPU': 3.0,
+    'datacenter_dc0': 100.0}', which read as if it fitted: dc0's node had 2 CPUs in all."""
+    spec = _spec("cluster.generation.0.num_gpus=3", "cluster.trainer.datacenter=dc1")
+    layout = plan(spec, gpu=False)
+    nodes = [{"CPU": 2.0, "datacenter_dc0": 100.0}, {"CPU": 2.0, "datacenter_dc1": 100.0}]
+    total = {"CPU": 4.0, "datacenter_dc0": 100.0, "datacenter_dc1": 100.0}
+    check_fits(spec, layout, total, True)  # the cluster's total holds it
+    with pytest.raises(ValueError, match=r"^cluster.generation\[0\] in datacenter dc0 need 3 "
+                       r"CPU, the Ray nodes advertising datacenter_dc0 have 2$"):  # fmt: skip
+        check_fits(spec, layout, total, True, nodes)
+    check_fits(spec, layout, total, True, [{**nodes[0], "CPU": 3.0}, nodes[1]])
