@@ -44,7 +44,7 @@ from runtime.ray_placement import (
     plain_resources,
     plan,
 )
-from runtime.ray_session import LOCAL_RAY, ray_endpoint, ray_session
+from runtime.ray_session import LOCAL_RAY, check_reachable, ray_session
 from runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def check_ray_run(spec: RunSpec, address: str) -> RayPlan:
     """The run's placement, or a ``ValueError`` naming the key that ``--ray`` cannot run
     (before the run directory, Ray or any server is touched)."""
     if address != LOCAL_RAY:
-        ray_endpoint(address)  # an address of no form Ray takes
+        check_reachable(address)  # no form Ray takes, nothing there, or no Ray GCS
     layout = plan(spec, gpu=live_device(spec) == "cuda")
     check_plan(spec, layout, own_ray=address == LOCAL_RAY)
     return layout

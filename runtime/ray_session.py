@@ -81,21 +81,9 @@ def connect(ray: ModuleType, address: str) -> None:
     """``ray.init`` on the cluster at ``address``; a ``ValueError`` naming ``--ray`` at once
     for an address of no form Ray takes, or where nothing answers (Ray itself retries a
     dead ``host:port`` for minutes, and a dead ``ray://`` for half a minute)."""
-    hint = (
-        "start one (ray start --head), or give --ray without an address for a Ray "
-        "instance of the command's own"
-    )
-    endpoint = ray_endpoint(address)
+    hint = NO_CLUSTER_HINT
+    endpoint = check_reachable(address)
     client = "://" in address  # a Ray client connects over its own protocol, not the GCS's
-    if endpoint is not None:
-        try:
-            socket.create_connection(endpoint, timeout=5.0).close()
-        except OSError as err:
-            raise ValueError(
-                f"--ray {address}: no Ray cluster answers there ({err}); {hint}"
-            ) from None
-        if not client and (other := not_a_gcs(endpoint)):  # Ray would retry it for minutes
-            raise ValueError(f"--ray {address}: {other}; give the address ray start printed")
     # a Ray client (ray://) connects over its own protocol: no node address to keep
     with loopback_stays_loopback(_is_loopback(endpoint) and not client):
         try:
@@ -121,12 +109,35 @@ def connect(ray: ModuleType, address: str) -> None:
 
 
 GCS_PROBE_TIMEOUT_S = 5.0
+NO_CLUSTER_HINT = (
+    "start one (ray start --head), or give --ray without an address for a Ray instance of "
+    "the command's own"
+)
+
+
+def check_reachable(address: str) -> tuple[str, int] | None:
+    """The host and port ``--ray ADDRESS`` names (None for ``auto``), or a ``ValueError``
+    naming ``--ray`` where nothing listens there or, for ``HOST:PORT``, what listens is no
+    Ray GCS: checked in seconds, where Ray retries either for minutes."""
+    endpoint = ray_endpoint(address)
+    if endpoint is None:
+        return None
+    try:
+        socket.create_connection(endpoint, timeout=5.0).close()
+    except OSError as err:
+        raise ValueError(
+            f"--ray {address}: no Ray cluster answers there ({err}); {NO_CLUSTER_HINT}"
+        ) from None
+    if "://" not in address and (other := not_a_gcs(endpoint)):
+        raise ValueError(f"--ray {address}: {other}; give the address ray start printed")
+    return endpoint
 
 
 def not_a_gcs(endpoint: tuple[str, int]) -> str | None:
     """None where a Ray cluster's GCS answers at ``endpoint`` (one that wants a token too);
     else what answered instead. ``ray.init`` retries any address for minutes, so a port of
     another service (the dashboard's, an HTTP server) hung the command."""
+    require_ray()
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 

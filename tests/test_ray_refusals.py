@@ -372,3 +372,13 @@ def test_a_datacenter_whose_nodes_cannot_hold_its_processes_is_refused_at_once()
                        r"CPU, the Ray nodes advertising datacenter_dc0 have 2$"):  # fmt: skip
         check_fits(spec, layout, total, True, nodes)
     check_fits(spec, layout, total, True, [{**nodes[0], "CPU": 3.0}, nodes[1]])
+
+
+def test_a_ray_address_where_nothing_listens_writes_nothing_to_out(tmp_path, capsys):
+    """Seen: the refusal came after the run directory held spec.yaml and run.log."""
+    from runtime.procs import free_port
+
+    address, out = f"127.0.0.1:{free_port()}", tmp_path / "out"
+    assert main(["run", "live-tiny", "--live", "--ray", address, "--out", str(out)]) == 2
+    assert f"--ray {address}: no Ray cluster answers there" in capsys.readouterr().out
+    assert not out.exists()
