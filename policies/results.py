@@ -47,6 +47,7 @@ from typing import Any
 from policies.breakdown import with_breakdown
 from policies.cluster import ClusterSection
 from policies.intervals import Interval, complement, intersect_length, length, merged
+from policies.record_files import record_rows
 from policies.records import Discarded, SampleRecord, Span, SpanKind
 from policies.resources import TRAINER
 from policies.spec import RunSpec
@@ -284,13 +285,12 @@ class RunResult:
         spec = load_spec(out / "spec.yaml")
         metrics = json.loads((out / "metrics.json").read_text())
         samples = [
-            SampleRecord(**_plain(row))
-            for row in pd.read_parquet(out / "samples.parquet").to_dict("records")
+            SampleRecord(**row) for row in record_rows(out / "samples.parquet", SampleRecord)
         ]
-        spans = []
-        for row in pd.read_parquet(out / "events.parquet").to_dict("records"):
-            row = _plain(row)
-            spans.append(Span(**{**row, "kind": SpanKind(row["kind"])}))
+        spans = [
+            Span(**{**row, "kind": SpanKind(row["kind"])})
+            for row in record_rows(out / "events.parquet", Span)
+        ]
         steps_path = out / "steps.json"
         steps = json.loads(steps_path.read_text()) if steps_path.exists() else []
         cpu_path = out / CPU_TIMELINE_FILE
@@ -370,21 +370,6 @@ def _frame(
     for name, fn in (convert or {}).items():
         columns[name] = [fn(v) for v in columns[name]]
     return pd.DataFrame(columns, columns=names)
-
-
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    """A parquet row with missing values as None, numpy scalars as Python ones and numpy
-    arrays (a list column: ``completion_token_ids``) as tuples."""
-    return {k: _plain_value(v) for k, v in row.items()}
-
-
-def _plain_value(value: Any) -> Any:
-    import numpy as np
-    import pandas as pd
-
-    if isinstance(value, np.ndarray):
-        return tuple(value.tolist())
-    return None if pd.isna(value) else getattr(value, "item", lambda: value)()
 
 
 def _parquet_bytes(frame: Any) -> bytes:

@@ -116,3 +116,15 @@ def test_saving_says_before_and_after_writing_the_trace(tmp_path, caplog):
     assert lines[1] == f"writing trace.json ({spans} spans, {samples} samples)…"
     size_mb = (tmp_path / "trace.json").stat().st_size / 1e6
     assert re.fullmatch(rf"wrote trace\.json \({size_mb:.1f} MB\) in \d+\.\d s", lines[2])
+
+
+def test_tandem_trace_names_a_table_that_lacks_a_column(tmp_path: Path, capsys):
+    """Seen: ``TypeError: Span.__init__() missing 1 required positional argument``."""
+    import pandas as pd
+
+    Simulation(small_spec(run__iterations=2)).run().save(tmp_path)
+    events = tmp_path / "events.parquet"
+    pd.read_parquet(events).drop(columns=["resource"]).to_parquet(events)
+    assert main(["trace", str(tmp_path)]) == 2
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"{events}: no column resource (a Span needs it)" in said
