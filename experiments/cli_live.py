@@ -203,10 +203,13 @@ def add_live_commands(
 
 
 def cmd_policy_effects(args: argparse.Namespace, console: Console, err_console: Console) -> int:
-    from experiments.policy_effects import run_policy_effects
+    from experiments.policy_effects import num_live_runs, run_policy_effects
 
     out = check_out_dir(args.out)
-    text = run_policy_effects(Path(args.cost_model), out, range(args.seeds), args.requests)
+    with RunProgress(err_console, "policy-effects", num_live_runs(args.seeds)) as bar:
+        text = run_policy_effects(
+            Path(args.cost_model), out, range(args.seeds), args.requests, bar.advance
+        )
     console.print(text)
     console.print(f"report in [bold]{out}[/bold]")
     return 0

@@ -29,7 +29,7 @@ import dataclasses
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,22 +185,27 @@ def measure(
     limits: ServerLimits,
     num_requests: int = 96,
     repeats: int = 3,
+    progress: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """One row per (seed, case): the median live makespan of ``repeats`` runs (the cases
     alternate, in a rotated order per repeat) and the simulated one. One unmeasured case
-    first: a server's first batches after start-up run slower."""
+    first: a server's first batches after start-up run slower. ``progress`` hears of each
+    live run as it ends (:func:`num_live_runs` of them)."""
+    tick = progress or (lambda _: None)
     rows = []
     for seed in seeds:
         requests = skewed_requests(seed, num_requests, max_model_len=limits.max_model_len)
         assignments = {c.name: assign(c, requests, limits, cost, seed) for c in CASES}
         if seed == seeds[0]:
             asyncio.run(live_makespan_s(urls, CASES[0], assignments[CASES[0].name]))
+            tick("warm-up batch")
         live: dict[str, list[float]] = {c.name: [] for c in CASES}
         for k in range(repeats):
             for case in CASES[k % len(CASES) :] + CASES[: k % len(CASES)]:
                 live[case.name].append(
                     asyncio.run(live_makespan_s(urls, case, assignments[case.name]))
                 )
+                tick(f"seed {seed}, repeat {k + 1}/{repeats}: {case.name}")
         for case in CASES:
             assignment = assignments[case.name]
             rows.append({
@@ -288,10 +293,22 @@ def with_slowdown(cost, slowdown: float):
     return dataclasses.replace(cost, fits={**cost.fits, "decode_slowdown": fit})
 
 
+def num_live_runs(num_seeds: int, repeats: int = 3) -> int:
+    """The progress ticks of :func:`run_policy_effects`: servers up, warm-up, the first
+    seed's unmeasured batch, and every measured one."""
+    return 3 + num_seeds * repeats * len(CASES)
+
+
 def run_policy_effects(
-    cost_model_dir: Path, out: Path, seeds: Sequence[int], num_requests: int = 96
+    cost_model_dir: Path,
+    out: Path,
+    seeds: Sequence[int],
+    num_requests: int = 96,
+    progress: Callable[[str], None] | None = None,
 ) -> str:
-    """Start two servers (engine cores 0 and 1), warm them up, measure, report."""
+    """Start two servers (engine cores 0 and 1), warm them up, measure, report. The
+    servers' logs are kept (in a temporary directory) only where the measuring failed."""
+    import shutil
     import tempfile
 
     import httpx
@@ -307,7 +324,7 @@ def run_policy_effects(
     limits = ServerLimits()
     model_dir = str(ensure_tiny_model(0))
     logs = Path(tempfile.mkdtemp(prefix="policy-effects-"))
-    servers = []
+    servers, keep_logs = [], False
     try:
         for i in range(2):
             servers.append(start_server(
@@ -316,6 +333,8 @@ def run_policy_effects(
             ))  # fmt: skip
         for s in servers:
             wait_healthy(s)
+        tick = progress or (lambda _: None)
+        tick("servers up")
 
         async def warm() -> None:
             for s in servers:
@@ -325,12 +344,19 @@ def run_policy_effects(
                     await warm_up(http, TaskSet(0, 256, 128), 1.0)
 
         asyncio.run(warm())
+        tick("warm-up")
         urls = [s.base_url for s in servers]
         overhead = asyncio.run(host_overhead(servers[0]))
         slowdown = shared_host_slowdown(len(servers), overhead, len(os.sched_getaffinity(0)))
-        frame = measure(urls, with_slowdown(cost, slowdown), seeds, limits, num_requests)
+        cost = with_slowdown(cost, slowdown)
+        frame = measure(urls, cost, seeds, limits, num_requests, progress=progress)
         frame["host_overhead"], frame["shared_host_slowdown"] = overhead, slowdown
+    except Exception:
+        keep_logs = True  # for what failed
+        raise
     finally:
         for s in servers:
             stop_server(s)
+        if not keep_logs:  # finished, or Ctrl-C / SIGTERM: nothing to look into
+            shutil.rmtree(logs, ignore_errors=True)
     return write_report(frame, out)

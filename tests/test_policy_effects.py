@@ -97,3 +97,50 @@ def test_server_cpu_splits_the_leader_from_the_processes_below_it():
         leader.wait()
     assert peak.engine_s >= 0.2  # the child's spin counts as engine time
     assert peak.frontend_s < peak.engine_s  # the leader only waited
+
+
+class _Server:
+    base_url = "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("error", "kept"), [(None, False), (KeyboardInterrupt, False), (RuntimeError, True)]
+)
+def test_the_servers_logs_stay_only_where_the_measuring_failed(error, kept, tmp_path, monkeypatch):
+    """Seen: every run, finished or stopped, left a /tmp/policy-effects-* folder behind."""
+    import tempfile
+
+    import experiments.policy_effects as effects
+    import runtime.model
+    import runtime.procs
+    import runtime.profile_bursts
+
+    logs, stopped, ticks = tmp_path / "logs", [], []
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda prefix: str(logs.mkdir() or logs))
+    monkeypatch.setattr(runtime.model, "ensure_tiny_model", lambda seed: tmp_path)
+    monkeypatch.setattr(runtime.procs, "start_server", lambda *args: _Server())
+    monkeypatch.setattr(runtime.procs, "wait_healthy", lambda server: None)
+    monkeypatch.setattr(runtime.procs, "stop_server", stopped.append)
+
+    async def nothing(*args, **kwargs) -> float:
+        return 1.0
+
+    monkeypatch.setattr(runtime.profile_bursts, "warm_up", nothing)
+    monkeypatch.setattr(effects, "host_overhead", nothing)
+
+    def measured(*args, progress=None):
+        if error is not None:
+            raise error("stopped")
+        return pd.DataFrame({"seed": [0]})
+
+    monkeypatch.setattr(effects, "measure", measured)
+    monkeypatch.setattr(effects, "write_report", lambda frame, out: "report")
+    cost = write_cost_model(tmp_path / "cm")
+    run = lambda: effects.run_policy_effects(cost, tmp_path / "out", [0], 8, ticks.append)  # noqa: E731
+    if error is None:
+        assert run() == "report"
+    else:
+        with pytest.raises(error):
+            run()
+    assert logs.exists() == kept and len(stopped) == 2
+    assert ticks == ["servers up", "warm-up"]
