@@ -85,13 +85,25 @@ def fit_command(
     model for the simulator, whose prompts have no text)."""
     trace = load_trace(trace_path)
     if before_iteration is not None:
-        trace = trace[trace["iteration"] < before_iteration].reset_index(drop=True)
+        trace = rows_before(trace, trace_path, before_iteration)
     ranker = RankerPredictor(model, FeatureSpec(use_text=use_text))
     t0 = time.perf_counter()
     ranker.fit_trace(trace)
     fit_s = time.perf_counter() - t0
     ranker.save(out)
     return f"fitted {model} on {len(trace)} rows in {fit_s:.2f} s; saved {out}"
+
+
+def rows_before(trace: pd.DataFrame, trace_path: Path, before_iteration: int) -> pd.DataFrame:
+    """The rows of iterations before ``before_iteration`` (``--before``); refused if none."""
+    kept = trace[trace["iteration"] < before_iteration].reset_index(drop=True)
+    if kept.empty:
+        first, last = int(trace["iteration"].min()), int(trace["iteration"].max())
+        raise ValueError(
+            f"--before {before_iteration}: trace {trace_path} has iterations {first} to "
+            f"{last}, none before {before_iteration}: nothing to fit on"
+        )
+    return kept
 
 
 def eval_report(ranker: RankerPredictor, trace: pd.DataFrame) -> dict[str, Any]:

@@ -54,6 +54,8 @@ def rank_metrics(true_tokens: np.ndarray, scores: np.ndarray) -> RankMetrics:
     true_tokens = np.asarray(true_tokens, float)
     scores = np.asarray(scores, float)
     r20, r10, r5 = (top_recall(true_tokens, scores, f) for f in TOP_FRACTIONS)
+    if len(true_tokens) < 2:  # no pair to rank: NaN, without scipy's SmallSampleWarning
+        return RankMetrics(r20, r10, r5, math.nan, math.nan, num_samples=len(true_tokens))
     with warnings.catch_warnings():  # constant lengths: NaN, reported as null (as_json)
         warnings.simplefilter("ignore", ConstantInputWarning)
         spearman = float(spearmanr(true_tokens, scores).statistic)

@@ -3,7 +3,9 @@
 A trace is a ``pandas.DataFrame`` with the request columns of :mod:`ranker.features`
 plus ``output_tokens``. It is read from a ``samples.parquet`` of any tandem run (sim or
 live) or from a CSV/parquet of ``prompt, output_tokens`` pairs, where a prompt that
-comes back again counts as a later iteration (the next epoch).
+comes back again counts as a later iteration (the next epoch). A CSV's prompt is text as
+written (``NA`` too); where the text numbers the prompts, a blank or missing one is refused.
+Ids and iterations must be whole numbers >= 0, token counts whole numbers >= 1.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import numpy as np
 import pandas as pd
 
 from policies.records import Request
-from policies.token_counts import check_token_counts, read_length_table
+from policies.token_counts import check_token_counts, check_whole_numbers, read_length_table
 from ranker.features import REQUEST_COLUMNS
 
 TRACE_COLUMNS = [*REQUEST_COLUMNS, "output_tokens"]
 # columns that count tokens: each must hold whole numbers >= 1 (``int64`` of a blank is
 # -2^63, with only a numpy warning)
 LENGTH_COLUMNS = ("output_tokens", "prompt_tokens", "max_tokens")
+# columns that number things: whole numbers >= 0
+ID_COLUMNS = ("prompt_id", "iteration")
 
 
 def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
@@ -54,14 +58,32 @@ def read_trace(path: Path) -> pd.DataFrame:
     raw = read_length_table(path, f"trace {path}")
     if "output_tokens" not in raw.columns:
         raise ValueError(f"trace {path} lacks column output_tokens")
+    if raw.empty:
+        raise ValueError(f"trace {path} has no data rows")
     if "prompt_id" not in raw.columns:
         if "prompt" not in raw.columns:
             raise ValueError(f"trace {path} needs column prompt_id or prompt")
+        check_prompts(raw, f"trace {path}")
         raw = _ids_from_text(raw)
+    for column in ID_COLUMNS:
+        if column in raw.columns:
+            check_whole_numbers(raw, column, f"trace {path}")
     for column in LENGTH_COLUMNS:
         if column in raw.columns:
             check_token_counts(raw, column, f"trace {path}")
     return normalize(raw)
+
+
+def check_prompts(raw: pd.DataFrame, where: str) -> None:
+    """Refuse a blank or missing prompt where the text is what numbers the prompts (no
+    ``prompt_id`` column): an empty text is no prompt to recognise again."""
+    empty = np.flatnonzero([not (isinstance(p, str) and p) for p in raw["prompt"]])
+    if len(empty):
+        more = f" ({len(empty)} such rows)" if len(empty) > 1 else ""
+        raise ValueError(
+            f"{where} data row {empty[0] + 1}: prompt is empty (a trace without a prompt_id "
+            f"column numbers its prompts by their text){more}"
+        )
 
 
 def _ids_from_text(raw: pd.DataFrame) -> pd.DataFrame:
@@ -83,7 +105,7 @@ def normalize(raw: pd.DataFrame) -> pd.DataFrame:
     )
     out["iteration"] = raw["iteration"].to_numpy(np.int64) if "iteration" in raw else 0
     prompt = raw["prompt"].astype(object) if "prompt" in raw else pd.Series([None] * len(raw))
-    out["prompt"] = prompt.where(prompt.notna(), None).to_numpy(object)
+    out["prompt"] = np.array([p if isinstance(p, str) else None for p in prompt], dtype=object)
     if "prompt_tokens" in raw:
         out["prompt_tokens"] = raw["prompt_tokens"].to_numpy(np.int64)
     else:
