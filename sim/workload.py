@@ -192,6 +192,9 @@ def _load_trace(path: Path) -> tuple[list[list[int]], np.ndarray | None]:
     if frame.empty:
         raise ValueError(f"workload.trace_path: {path} has no rows")
     check_token_counts(frame, "output_tokens", f"workload.trace_path: {path}")
+    if (blank := frame["prompt_id"].isna()).any():  # groupby would drop the row unsaid
+        row = int(blank.to_numpy().argmax()) + 1
+        raise ValueError(f"workload.trace_path: {path} data row {row}: prompt_id is empty")
     grouped = frame.groupby("prompt_id", sort=True)
     lengths = [list(map(int, g)) for _, g in grouped["output_tokens"]]
     prompt_tokens = None

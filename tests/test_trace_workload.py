@@ -57,6 +57,14 @@ def test_a_trace_length_that_is_no_token_count_is_named_by_row(tmp_path, value, 
         _workload(path)
 
 
+def test_a_trace_row_without_a_prompt_id_is_named_by_row(tmp_path):
+    # before: grouping by prompt dropped the row, and the run replayed the rest unsaid
+    path = tmp_path / "bad.csv"
+    path.write_text("prompt_id,output_tokens\n0,5\n0,7\n,8\n1,9\n")
+    with pytest.raises(ValueError, match=r"bad.csv data row 3: prompt_id is empty$"):
+        _workload(path)
+
+
 def test_an_empty_trace_is_named(tmp_path):
     path = tmp_path / "empty.csv"
     path.write_text("prompt_id,output_tokens\n")
