@@ -130,6 +130,23 @@ def request(
     )
 
 
+class FreeCost:
+    """A cost model stand-in whose prefill, training and weight transfer are free; a
+    subclass says what a decode step costs."""
+
+    def decode_step_s(self, device: Any, batch_size: int, context_tokens: int) -> float:
+        raise NotImplementedError
+
+    def prefill_s(self, device: Any, num_tokens: int) -> float:
+        return 0.0
+
+    def train_s(self, device: Any, num_tokens: int, num_micro_batches: int = 1) -> float:
+        return 0.0
+
+    def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
+        return 0.0
+
+
 class FakePrompts:
     """A ``PromptSource``: iteration i holds samples i·B … i·B+B−1, groups of ``group_size``."""
 

@@ -3,26 +3,19 @@ decode at once, and what the drain's cache stops holding is prefilled again."""
 
 from __future__ import annotations
 
+from helpers import FreeCost
+
 from policies.cluster import GenerationPool
 from policies.decode_estimate import InstanceDecode
 from policies.protocols import Device
 from policies.stage_model import StageModel
 
 
-class UnitCost:
+class UnitCost(FreeCost):
     """Decode step = 1 s whatever the batch and context."""
 
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
         return 1.0
-
-    def prefill_s(self, device: Device, num_tokens: int) -> float:
-        return 0.0
-
-    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
-        return 0.0
-
-    def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
-        return 0.0
 
 
 def _decode(kv_tokens: int | None, recompute=None) -> InstanceDecode:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import request, view
+from helpers import FreeCost, request, view
 
 from policies.dispatch import (
     DISPATCH,
@@ -19,7 +19,7 @@ from policies.protocols import Device
 from policies.registry import Registry
 
 
-class BatchCost:
+class BatchCost(FreeCost):
     """A cost model whose decode step costs ``1 + batch`` seconds, whatever the context."""
 
     def __init__(self) -> None:
@@ -28,15 +28,6 @@ class BatchCost:
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
         self.calls.append((device, batch_size, context_tokens))
         return 1.0 + batch_size
-
-    def prefill_s(self, device: Device, num_tokens: int) -> float:
-        return 0.0
-
-    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
-        return 0.0
-
-    def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
-        return 0.0
 
 
 def _requests(preds: list[float | None]) -> list:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from helpers import FreeCost
 
 from experiments.specs import config_path
 from policies.build import mode_of
@@ -28,21 +29,12 @@ BATCH = 8  # requests of 100 tokens each, no prompt
 SEED = 7
 
 
-class PerSequenceCost:
+class PerSequenceCost(FreeCost):
     """A step costs 0.01 s a sequence: an instance decodes ``k`` of the batch's 100-token
     requests in ``k`` seconds (up to its slots)."""
 
     def decode_step_s(self, device: Device, batch_size: int, context_tokens: int) -> float:
         return 0.01 * batch_size
-
-    def prefill_s(self, device: Device, num_tokens: int) -> float:
-        return 0.0
-
-    def train_s(self, device: Device, num_tokens: int, num_micro_batches: int = 1) -> float:
-        return 0.0
-
-    def weight_transfer_s(self, num_bytes: float, gbps: float, latency_s: float) -> float:
-        return 0.0
 
 
 def _random() -> DispatchPolicy:
