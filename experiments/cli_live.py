@@ -137,29 +137,7 @@ def add_live_commands(
     """serve, calibrate, profile, fidelity, model; ``bind`` gives a handler the CLI's consoles."""
     add_serve_parser(sub)
 
-    calib = sub.add_parser("calibrate", help="fit the simulator's cost model to a profile")
-    calib.add_argument(
-        "profile_dir", help="a `tandem profile` directory, or Vidur's profiling data"
-    )
-    calib.add_argument(
-        "--from", dest="source", choices=["profile", "vidur"], default="profile",
-        help="profile: the live runtime's (cost_model.json); vidur: the GEMM efficiencies of "
-        "the roofline from Vidur's data/profiling/compute CSVs (efficiency.json)",
-    )  # fmt: skip
-    calib.add_argument(
-        "--out", type=path_text, required=True, help="directory for the fit and its plots"
-    )
-    calib.add_argument(
-        "--spec",
-        help="the spec you will run the cost model with: its sim.hardware rows name GPUs "
-        "hardware.csv does not list, which the profile may then name (only sim.hardware is read)",
-    )
-    calib.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
-        help="override a key of --spec (default: the defaults), e.g. 'sim.hardware=[{name: "
-        "MYGPU, bf16_dense_tflops: 600, hbm_gb: 96, hbm_tb_per_s: 4, nvlink_gb_per_s: 600}]'",
-    )  # fmt: skip
-    calib.set_defaults(func=bind(cmd_calibrate))
+    _add_calibrate_parser(sub, bind)
 
     prof = sub.add_parser("profile", help="measure the live runtime's operators (for calibrate)")
     with_spec(prof, "live-tiny")
@@ -200,6 +178,34 @@ def add_live_commands(
     )
     model.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     model.set_defaults(func=bind(cmd_model))
+
+
+def _add_calibrate_parser(
+    sub: Any, bind: Callable[[Handler], Callable[[argparse.Namespace], int]]
+) -> None:
+    calib = sub.add_parser("calibrate", help="fit the simulator's cost model to a profile")
+    calib.add_argument(
+        "profile_dir", help="a `tandem profile` directory, or Vidur's profiling data"
+    )
+    calib.add_argument(
+        "--from", dest="source", choices=["profile", "vidur"], default="profile",
+        help="profile: the live runtime's (cost_model.json); vidur: the GEMM efficiencies of "
+        "the roofline from Vidur's data/profiling/compute CSVs (efficiency.json)",
+    )  # fmt: skip
+    calib.add_argument(
+        "--out", type=path_text, required=True, help="directory for the fit and its plots"
+    )
+    calib.add_argument(
+        "--spec",
+        help="the spec you will run the cost model with: its sim.hardware rows name GPUs "
+        "hardware.csv does not list, which the profile may then name (only sim.hardware is read)",
+    )
+    calib.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a key of --spec (default: the defaults), e.g. 'sim.hardware=[{name: "
+        "MYGPU, bf16_dense_tflops: 600, hbm_gb: 96, hbm_tb_per_s: 4, nvlink_gb_per_s: 600}]'",
+    )  # fmt: skip
+    calib.set_defaults(func=bind(cmd_calibrate))
 
 
 def cmd_policy_effects(args: argparse.Namespace, console: Console, err_console: Console) -> int:

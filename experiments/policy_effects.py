@@ -311,13 +311,9 @@ def run_policy_effects(
     import shutil
     import tempfile
 
-    import httpx
-
     from policies.calibrated import cost_model_path
-    from runtime.http_pool import POOL_LIMITS
     from runtime.model import ensure_tiny_model
     from runtime.procs import free_port, start_server, stop_server, wait_healthy
-    from runtime.profile_bursts import warm_up
     from sim.calibrated import CalibratedCostModel
 
     cost = CalibratedCostModel.load(cost_model_path(cost_model_dir, "--cost-model"))
@@ -335,15 +331,7 @@ def run_policy_effects(
             wait_healthy(s)
         tick = progress or (lambda _: None)
         tick("servers up")
-
-        async def warm() -> None:
-            for s in servers:
-                async with httpx.AsyncClient(
-                    base_url=s.base_url, timeout=600.0, limits=POOL_LIMITS
-                ) as http:
-                    await warm_up(http, TaskSet(0, 256, 128), 1.0)
-
-        asyncio.run(warm())
+        asyncio.run(_warm([s.base_url for s in servers]))
         tick("warm-up")
         urls = [s.base_url for s in servers]
         overhead = asyncio.run(host_overhead(servers[0]))
@@ -360,3 +348,15 @@ def run_policy_effects(
         if not keep_logs:  # finished, or Ctrl-C / SIGTERM: nothing to look into
             shutil.rmtree(logs, ignore_errors=True)
     return write_report(frame, out)
+
+
+async def _warm(urls: Sequence[str]) -> None:
+    """Each server's first batches run slower: a warm-up batch on each before measuring."""
+    import httpx
+
+    from runtime.http_pool import POOL_LIMITS
+    from runtime.profile_bursts import warm_up
+
+    for url in urls:
+        async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=POOL_LIMITS) as http:
+            await warm_up(http, TaskSet(0, 256, 128), 1.0)
